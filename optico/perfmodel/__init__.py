@@ -1,0 +1,1 @@
+"""Analytic performance model: FLOPs, memory, step time and bottleneck class."""
