@@ -1,0 +1,131 @@
+"""The replay launcher: answers from a CSV of real measured runs, never from a guess.
+
+A tuner run against it walks a real landscape (the OptiCo paper's Llama3-8B table, a
+vendor's recipe sweep): a configuration the file measured comes back with the measured
+numbers, an OOM row comes back as an OOM, and anything else comes back as NOT_MEASURED.
+`candidates()` tells the loop which strategies the file can answer, so the search is
+restricted to them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from optico.launchers.base import Launcher, ProgressCallback
+from optico.perfmodel.flops import flops_per_iteration
+from optico.replay_csv import ReplayDefaults, ReplayRow, matches, measured_mfu, read_replay_csv
+from optico.strategy import Strategy
+from optico.trial import FailureCategory, LaunchResult, Metrics
+from optico.workload import Workload
+
+# A measured run is charged this many timed steps: what a benchmark run of the configuration
+# costs (Megatron's benchmark driver and the published tables time 10-50 steps), so that
+# GPU-hour budgets mean the same against a replay table as against a cluster.
+TIMED_STEPS = 20
+# A run that failed (OOM, error) is charged this much wall-clock on every GPU: launch, model
+# build and the first step, where OOMs happen. The sources do not record it.
+FAILED_RUN_WALL_S = 60.0
+
+
+class ReplayLauncher(Launcher):
+    """Replays the rows of one replay CSV (see optico.replay_csv). Skipped rows are never replayed."""
+
+    kind = "replay"
+
+    def __init__(self, path: str | Path, defaults: ReplayDefaults | None = None):
+        self.path = Path(path)
+        self.defaults = defaults or ReplayDefaults()
+        self.rows: list[ReplayRow] = read_replay_csv(self.path, self.defaults)
+
+    # -- the protocol ----------------------------------------------------------------------------
+    async def launch(self, workload: Workload, strategy: Strategy, *, trial_key: str,
+                     progress: ProgressCallback | None = None) -> LaunchResult:
+        found = self.rows_for(workload, strategy)
+        if not found:
+            return self._not_measured(workload, strategy)
+        chosen = next((r for r in found if r.result == "ok"), found[0])
+        if progress:
+            progress(f"[replay] {strategy.short()}: replaying {chosen.where} ({chosen.result})")
+        note = ""
+        if len(found) > 1:
+            note = (f"[replay] {len(found)} rows measure this configuration (lines "
+                    f"{', '.join(str(r.line) for r in found)}); replayed the first "
+                    f"{'ok ' if chosen.result == 'ok' else ''}one, line {chosen.line}.\n")
+        fingerprint = self._fingerprint(chosen, found)
+        if chosen.result == "ok":
+            return self._ok(workload, strategy, chosen, note, fingerprint)
+        return self._failed(workload, strategy, chosen, note, fingerprint)
+
+    def candidates(self, workload: Workload) -> list[Strategy]:
+        """Strategies of the usable rows that measure `workload`, each signature once, in file order."""
+        seen: dict[str, Strategy] = {}
+        for row in self.rows:
+            if row.usable and row.strategy is not None and matches(row, workload):
+                seen.setdefault(row.strategy.signature(), row.strategy)
+        return list(seen.values())
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": str(self.path), "rows": len(self.rows),
+                "usable_rows": sum(r.usable for r in self.rows), "defaults": self.defaults.model_dump()}
+
+    # -- lookups ---------------------------------------------------------------------------------
+    def rows_for(self, workload: Workload, strategy: Strategy) -> list[ReplayRow]:
+        """The usable rows that measured exactly this configuration of this workload."""
+        signature = strategy.signature()
+        return [r for r in self.rows if r.usable and r.strategy is not None and matches(r, workload)
+                and r.strategy.signature() == signature]
+
+    # -- results ---------------------------------------------------------------------------------
+    def _fingerprint(self, row: ReplayRow, found: list[ReplayRow]) -> dict[str, Any]:
+        return {"launcher": self.kind, "replay_of": row.where, "file": str(self.path), "line": row.line,
+                "source": row.source, "model": row.model_name, "rows_measuring": [r.line for r in found]}
+
+    def _ok(self, w: Workload, s: Strategy, row: ReplayRow, note: str,
+            fingerprint: dict[str, Any]) -> LaunchResult:
+        world, flops = w.world_size, flops_per_iteration(w, s.tp)
+        mfu = measured_mfu(row)
+        if mfu is None:
+            raise ValueError(f"{row.where}: an ok row with no step time, mfu or tflops_per_gpu cannot be replayed")
+        tflops = mfu * w.peak_tflops  # model FLOPs, whatever the source counted
+        step = row.step_time_s or flops / (tflops * 1e12 * world)
+        tokens = row.tokens_per_s_per_gpu or w.global_batch_size * w.seq_length / (step * world)
+        metrics = Metrics(step_time_s=step, tflops_per_gpu=tflops, mfu=mfu, tokens_per_s_per_gpu=tokens,
+                          mem_max_gib=row.mem_max_gib, mem_limit_gib=w.cluster.spec.memory_gib)
+        log = (f"{note}[replay] {row.where}: measured run ({row.source or 'source not given'}): "
+               f"step {step:.3f} s, {tflops:.1f} model TFLOP/s/GPU, MFU {mfu:.3f}"
+               + (f", max memory {row.mem_max_gib:.2f} GiB" if row.mem_max_gib is not None else "") + "\n")
+        return LaunchResult(ok=True, metrics=metrics, log=log, exit_code=0, duration_s=step * TIMED_STEPS,
+                            gpu_seconds=step * world * TIMED_STEPS, fingerprint=fingerprint)
+
+    def _failed(self, w: Workload, s: Strategy, row: ReplayRow, note: str,
+                fingerprint: dict[str, Any]) -> LaunchResult:
+        header = (f"{note}[replay] {row.where}: replayed from a measured run "
+                  f"({row.source or 'source not given'}); it ")
+        if row.result == "oom":
+            alloc = _logits_gib(w, s)
+            log = (header + "ran out of GPU memory.\n"
+                   f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {alloc:.2f} GiB. "
+                   f"GPU 0 has a total capacity of {w.cluster.spec.memory_gib:.2f} GiB.\n"
+                   "[replay] the source records only that this configuration ran out of memory; the "
+                   "allocation size above is an estimate (fp32 logits of one micro-batch on one TP/CP rank).\n")
+            category: FailureCategory | None = FailureCategory.OOM
+        else:
+            log = header + f"failed: {row.notes or 'no error text recorded'}\n"
+            category = None
+        return LaunchResult(ok=False, log=log, exit_code=1, duration_s=FAILED_RUN_WALL_S,
+                            gpu_seconds=FAILED_RUN_WALL_S * w.world_size, fingerprint=fingerprint,
+                            category_hint=category)
+
+    def _not_measured(self, w: Workload, s: Strategy) -> LaunchResult:
+        known = len(self.candidates(w))
+        log = (f"[replay] {s.short()} was not measured in {self.path.name} for {w.describe()}: "
+               f"the file has {known} measured configuration(s) of this workload. Nothing ran; "
+               f"a replay never guesses.\n")
+        return LaunchResult(ok=False, log=log, category_hint=FailureCategory.NOT_MEASURED,
+                            fingerprint={"launcher": self.kind, "file": str(self.path), "replay_of": None})
+
+
+def _logits_gib(w: Workload, s: Strategy) -> float:
+    """fp32 logits of one micro-batch on one TP and CP rank: the largest single allocation of a step."""
+    return s.mbs * (w.seq_length / s.cp) * (w.model.padded_vocab(s.tp) / s.tp) * 4 / 2**30

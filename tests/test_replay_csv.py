@@ -1,0 +1,295 @@
+"""The replay CSV reader against the real published files and against small hand-made rows."""
+
+from __future__ import annotations
+
+import csv
+import filecmp
+from pathlib import Path
+
+import pytest
+
+from optico.perfmodel.flops import flops_per_iteration
+from optico.replay_csv import (
+    COLUMNS,
+    ReplayDefaults,
+    ReplayRow,
+    matches,
+    measured_mfu,
+    parse_precision,
+    read_replay_csv,
+)
+from optico.workload import PRESETS, Cluster, Workload
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+PACKAGED = REPO / "optico" / "data" / "optico_llama3_8b_a100.csv"
+SHARED_FILES = sorted(p.name for p in SHARED.glob("*.csv")) if SHARED.is_dir() else []
+
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} not present")
+
+
+def shared(name: str) -> list[ReplayRow]:
+    return read_replay_csv(SHARED / name)
+
+
+# -- the real files ------------------------------------------------------------------------------
+
+@needs_shared
+@pytest.mark.parametrize("name", SHARED_FILES)
+def test_every_shared_file_parses(name: str) -> None:
+    rows = shared(name)
+    assert rows, name
+    for row in rows:
+        assert row.file == name and row.line >= 2
+        if row.usable:
+            assert row.workload is not None and row.strategy is not None
+            assert row.skip_reason is None
+        else:
+            assert row.skip_reason
+
+
+@needs_shared
+def test_packaged_copy_is_the_shared_file() -> None:
+    assert filecmp.cmp(PACKAGED, SHARED / PACKAGED.name, shallow=False)
+
+
+def test_optico_table() -> None:
+    rows = read_replay_csv(PACKAGED)
+    assert len(rows) == 14
+    assert sum(r.result == "oom" for r in rows) == 3
+    assert all(r.usable for r in rows), [r.skip_reason for r in rows if r.skip_reason]
+    best = [r for r in rows if r.strategy.short() == "TP1 PP2 MBS1 AC=none DO"
+            and r.workload.global_batch_size == 512]
+    assert len(best) == 1 and best[0].line == 3
+    row = best[0]
+    assert row.mfu == 0.68 and measured_mfu(row) == pytest.approx(0.68)
+    assert row.tflops_per_gpu == 210.86 and row.mem_max_gib == 75.48 and not row.counts_recompute
+    w = row.workload
+    assert w.model.name == "llama3-8b" and w.model.kv_channels is None and w.model.swiglu
+    assert w.precision == "fp16" and w.seq_length == 8192 and w.world_size == 8
+    assert w.cluster.gpu == "a100-80gb" and w.cluster.gpus_per_node == 8 and w.cluster.nodes == 1
+    # Empty cells: distributed optimizer on, no SP, no recompute.
+    s = row.strategy
+    assert s.use_distributed_optimizer and not s.sequence_parallel and s.recompute == "none"
+
+
+@needs_shared
+@pytest.mark.parametrize("name", ["nemo_long_context_cp.csv", "megatron_readme_h100_scaling.csv"])
+def test_rows_without_mbs_are_skipped_naming_it(name: str) -> None:
+    rows = shared(name)
+    assert rows and all(not r.usable and "mbs" in r.skip_reason for r in rows)
+    assert all("missing required input" in r.skip_reason for r in rows)
+
+
+@needs_shared
+def test_step_time_mfu_agrees_with_reported_model_tflops() -> None:
+    """Where a source gives both a step time and model TFLOP/s, our FLOPs formula must agree."""
+    checked = 0
+    for name, presets, tolerance in [("megatron_bridge_perf_summary.csv", {"llama3-70b", "qwen3-30b-a3b"}, 0.03),
+                                     ("nemo_2407_perf_summary_h100.csv", {"gpt3-175b"}, 0.03)]:
+        for row in shared(name):
+            if not (row.usable and row.workload.model.name in presets and row.step_time_s and row.tflops_per_gpu):
+                continue
+            reported = row.tflops_per_gpu / row.workload.peak_tflops
+            assert measured_mfu(row) == pytest.approx(reported, rel=tolerance), row.where
+            checked += 1
+    assert checked >= 20
+
+
+@needs_shared
+def test_hardware_flops_sources() -> None:
+    sc21 = shared("megatron_sc21_table1_a100.csv")
+    assert all(r.counts_recompute and r.strategy.recompute == "full" for r in sc21)
+    # No step time there: the reported HFU-like figure comes down by 4/3.
+    assert all(measured_mfu(r) == pytest.approx(r.mfu * 3 / 4) for r in sc21)
+    dlperf = shared("dlperf_megatron_v100.csv")
+    assert all(r.counts_recompute for r in dlperf)
+    # With a step time the MFU is ours, about 3/4 of DLPerf's hardware-FLOP percentage.
+    for row in dlperf:
+        assert measured_mfu(row) == pytest.approx(row.tflops_per_gpu / 125.0 * 3 / 4, rel=0.08), row.where
+    for name in ("korthikanti2022_table5_a100.csv", "nemo_2407_perf_summary_h100.csv",
+                 "megatron_bridge_perf_summary.csv", "optico_llama3_8b_a100.csv"):
+        assert not any(r.counts_recompute for r in shared(name)), name
+
+
+@needs_shared
+def test_skip_reasons_in_vendor_files() -> None:
+    bridge = shared("megatron_bridge_perf_summary.csv")
+    reasons = [r.skip_reason or "" for r in bridge]
+    assert any("NVFP4" in x and "not modelled" in x for x in reasons)
+    assert any("MLA" in x for x in reasons)
+    assert any("LoRA" in x for x in reasons)
+    assert all("LoRA" in (r.skip_reason or "") for r in bridge if "[LoRA]" in r.model_name)
+    # MXFP8, FP8-CS, FP8-MX rows are fp8 workloads.
+    fp8 = [r for r in bridge if r.usable and any(f"Precision={p} " in r.notes for p in ("MXFP8", "FP8-CS", "FP8-MX"))]
+    assert fp8 and all(r.workload.precision == "fp8" for r in fp8)
+    gb = [r for r in bridge if r.workload and r.workload.cluster.gpu in ("gb200", "gb300")]
+    assert gb and all(r.workload.cluster.gpus_per_node == 72 for r in gb)
+
+
+# -- hand-made rows ------------------------------------------------------------------------------
+
+LLAMA3_8B = dict(model="Llama3-8B", num_layers="32", hidden_size="4096", num_attention_heads="32",
+                 num_query_groups="8", ffn_hidden_size="14336", vocab_size="128256", seq_length="8192",
+                 gpu="H100", num_gpus="8", tp="2", pp="1", mbs="1", gbs="128", result="ok", step_time_s="10")
+
+
+def write_csv(path: Path, *rows: dict[str, str], columns: tuple[str, ...] = COLUMNS) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(columns))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: row.get(c, "") for c in columns})
+    return path
+
+
+def one(tmp_path: Path, defaults: ReplayDefaults | None = None, **cells: str) -> ReplayRow:
+    rows = read_replay_csv(write_csv(tmp_path / "t.csv", {**LLAMA3_8B, **cells}), defaults)
+    assert len(rows) == 1
+    return rows[0]
+
+
+def test_missing_column_names_file_and_column(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "short.csv", LLAMA3_8B, columns=tuple(c for c in COLUMNS if c != "mbs"))
+    with pytest.raises(ValueError, match=r"short\.csv.*mbs"):
+        read_replay_csv(path)
+
+
+def test_extra_columns_are_fine(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "extra.csv", {**LLAMA3_8B, "mem_avg_gib": "3"}, columns=COLUMNS + ("mem_avg_gib",))
+    assert read_replay_csv(path)[0].usable
+
+
+def test_bad_result_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"t\.csv:2"):
+        one(tmp_path, result="crashed")
+
+
+def test_empty_cells_take_the_defaults(tmp_path: Path) -> None:
+    row = one(tmp_path)
+    s, w = row.strategy, row.workload
+    assert w.precision == "bf16" and s.recompute == "none" and not s.sequence_parallel
+    assert s.use_distributed_optimizer and s.cp == 1 and s.ep == 1 and s.virtual_pipeline_model_parallel_size is None
+    assert w.model.name == "llama3-8b"  # dims match the preset
+    custom = one(tmp_path, ReplayDefaults(distributed_optimizer=False, precision="fp16"))
+    assert not custom.strategy.use_distributed_optimizer and custom.workload.precision == "fp16"
+    dense = one(tmp_path, model="GPT 1B", num_query_groups="", ffn_hidden_size="", num_layers="16",
+                vocab_size="50257")
+    assert dense.workload.model.ffn_hidden_size == 4 * 4096 and dense.workload.model.groups == 32
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("fp16/mixed", "fp16"), ("BF16", "bf16"), ("MXFP8", "fp8"), ("FP8-CS", "fp8"), ("FP8-DS", "fp8"),
+    ("fp8 (hybrid, recipe=tensorwise) over bf16", "fp8"), ("", "bf16"), ("NVFP4", None), ("fp32", None),
+])
+def test_precision(text: str, expected: str | None) -> None:
+    assert parse_precision(text, "bf16") == expected
+
+
+def test_unmodelled_precision_is_skipped(tmp_path: Path) -> None:
+    row = one(tmp_path, precision="NVFP4")
+    assert not row.usable and "NVFP4" in row.skip_reason and row.workload is None
+
+
+def test_recompute_and_booleans(tmp_path: Path) -> None:
+    full = one(tmp_path, recompute="full").strategy
+    assert (full.recompute_granularity, full.recompute_method, full.recompute_num_layers) == ("full", "uniform", 1)
+    block = one(tmp_path, recompute="full (method=block, num_layers=2)").strategy
+    assert (block.recompute_method, block.recompute_num_layers) == ("block", 2)
+    sel = one(tmp_path, recompute="selective (modules=[core_attn])").strategy
+    assert sel.recompute_granularity == "selective" and sel.recompute_method is None
+    flags = one(tmp_path, sequence_parallel="true", distributed_optimizer="false").strategy
+    assert flags.sequence_parallel and not flags.use_distributed_optimizer
+    # Megatron-LM turns SP off at TP 1.
+    assert not one(tmp_path, tp="1", sequence_parallel="true").strategy.sequence_parallel
+    assert "sequence_parallel" in one(tmp_path, sequence_parallel="maybe").skip_reason
+
+
+def test_vpp(tmp_path: Path) -> None:
+    assert one(tmp_path, pp="2", vpp="1").strategy.virtual_pipeline_model_parallel_size is None
+    assert one(tmp_path, pp="2", vpp="4", gbs="256").strategy.vpp == 4
+
+
+@pytest.mark.parametrize("cells, swiglu", [
+    (dict(model="Some-7B", ffn_hidden_size="11008", vocab_size="32001"), True),       # default: gated
+    (dict(model="Some-7B", ffn_hidden_size="16384", vocab_size="32001"), False),      # 4h
+    (dict(model="GPT3-7B-ish", ffn_hidden_size="11008", vocab_size="32001"), False),  # GPT-3 name
+    (dict(model="Nemotron-x", ffn_hidden_size="11008", vocab_size="32001"), False),
+    (dict(model="GPT OSS 120B", ffn_hidden_size="11008", vocab_size="32001"), True),  # GPT-OSS is gated
+    (dict(model="gpt/gpt3_tp1_pp4_swiglu", ffn_hidden_size="16384", vocab_size="32001"), True),
+])
+def test_swiglu_rule(tmp_path: Path, cells: dict[str, str], swiglu: bool) -> None:
+    row = one(tmp_path, **cells)
+    assert row.workload.model.swiglu is swiglu and row.workload.model.name == cells["model"]
+
+
+def test_presets_and_moe(tmp_path: Path) -> None:
+    qwen = one(tmp_path, model="Qwen3_30B_a3B", num_layers="48", hidden_size="2048", num_attention_heads="32",
+               num_query_groups="4", ffn_hidden_size="768", vocab_size="151936", num_experts="128", topk="8",
+               tp="1", ep="8", gbs="512", seq_length="4096")
+    assert qwen.usable, qwen.skip_reason
+    m = qwen.workload.model
+    assert m.name == "qwen3-30b-a3b" and m.kv_channels == 128 and m.expert_ffn == 768
+    assert "topk" in one(tmp_path, num_experts="8").skip_reason
+
+
+def test_args_in_notes(tmp_path: Path) -> None:
+    row = one(tmp_path, model="gpt/x", num_layers="6", pp="4", gbs="32", vocab_size="50257",
+              notes="args: untie-embeddings-and-output-weights=True, overlap-grad-reduce=True, "
+                    "decoder-first-pipeline-num-layers=1, decoder-last-pipeline-num-layers=1, kv-channels=64")
+    assert row.usable, row.skip_reason
+    assert row.workload.model.untie_embeddings_and_output_weights and row.workload.model.kv_channels == 64
+    s = row.strategy
+    assert s.overlap_grad_reduce and (s.decoder_first_pipeline_num_layers, s.decoder_last_pipeline_num_layers) == (1, 1)
+    tied = one(tmp_path, model="gpt/x", vocab_size="50257", notes="args: transformer-impl=local")
+    assert not tied.workload.model.untie_embeddings_and_output_weights
+
+
+@pytest.mark.parametrize("cells, reason", [
+    (dict(mbs=""), "missing required input(s): mbs"),
+    (dict(gpu="TPU-v5"), "unknown GPU"),
+    (dict(notes="MLA attention"), "MLA"),
+    (dict(model="LLAMA3_8B [LoRA]"), "LoRA"),
+    (dict(dp="8"), "layout inconsistent: dp 8"),
+    (dict(tp="3"), "rejected by optico.rules: num_attention_heads (32) must be divisible by TP (3)"),
+    (dict(num_gpus="4", tp="8"), "rejected by optico.rules: world size (4)"),
+    (dict(distributed_optimizer="megatron-fsdp"), "Megatron-FSDP"),
+])
+def test_skip_reasons(tmp_path: Path, cells: dict[str, str], reason: str) -> None:
+    row = one(tmp_path, **cells)
+    assert not row.usable and reason in row.skip_reason
+
+
+def test_cluster_shape(tmp_path: Path) -> None:
+    small = one(tmp_path, num_gpus="2", tp="2").workload.cluster
+    assert (small.gpus_per_node, small.nodes, small.num_gpus) == (8, 1, 2)
+    big = one(tmp_path, num_gpus="64", gbs="256").workload.cluster
+    assert (big.gpus_per_node, big.nodes, big.world_size) == (8, 8, 64)
+    rack = one(tmp_path, gpu="GB200 (DGX-GB200)", num_gpus="128", gbs="256").workload.cluster
+    assert (rack.gpu, rack.gpus_per_node, rack.nodes, rack.world_size) == ("gb200", 72, 2, 128)
+
+
+def test_measured_mfu_order(tmp_path: Path) -> None:
+    row = one(tmp_path, step_time_s="10", mfu="0.9", tflops_per_gpu="1")
+    w = row.workload
+    assert measured_mfu(row) == pytest.approx(flops_per_iteration(w, 2) / (10 * 8 * 989e12))
+    assert measured_mfu(one(tmp_path, step_time_s="", mfu="0.4", tflops_per_gpu="100")) == 0.4
+    assert measured_mfu(one(tmp_path, step_time_s="", tflops_per_gpu="494.5")) == pytest.approx(0.5)
+    hfu = one(tmp_path, step_time_s="", mfu="0.4", recompute="full", source="DLPerf")
+    assert hfu.counts_recompute and measured_mfu(hfu) == pytest.approx(0.3)
+    assert measured_mfu(one(tmp_path, step_time_s="", result="oom")) is None
+    assert measured_mfu(one(tmp_path, step_time_s="")) is None
+
+
+def test_matches(tmp_path: Path) -> None:
+    row = one(tmp_path)
+    w = Workload(model=PRESETS["llama3-8b"], seq_length=8192, global_batch_size=128, precision="bf16",
+                 cluster=Cluster(gpu="h100-sxm"))
+    assert matches(row, w)
+    assert not matches(row, w.model_copy(update={"global_batch_size": 256}))
+    assert not matches(row, w.model_copy(update={"precision": "fp8"}))
+    assert not matches(row, w.model_copy(update={"seq_length": 4096}))
+    assert not matches(row, w.model_copy(update={"cluster": Cluster(gpu="h100-sxm", nodes=2)}))
+    assert not matches(row, w.model_copy(update={"cluster": Cluster(gpu="a100-80gb")}))
+    assert not matches(row, w.model_copy(update={"model": PRESETS["llama2-7b"]}))
+    assert not matches(one(tmp_path, gpu="nope"), w)
