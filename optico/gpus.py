@@ -21,6 +21,7 @@ class GpuSpec(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     name: str
+    arch: str = Field(description="Generation: volta, ampere, hopper, blackwell — efficiencies differ by it.")
     memory_gib: float = Field(description="Device memory the framework can use, GiB.")
     peak_tflops: dict[str, float] = Field(description="Dense peak TFLOP/s per precision.")
     hbm_gbps: float = Field(description="Memory bandwidth, GB/s.")
@@ -37,30 +38,30 @@ class GpuSpec(BaseModel):
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in [
-        GpuSpec(name="v100-16gb", memory_gib=15.8, peak_tflops={"fp16": 125.0, "bf16": 125.0},
+        GpuSpec(name="v100-16gb", arch="volta", memory_gib=15.8, peak_tflops={"fp16": 125.0, "bf16": 125.0},
                 hbm_gbps=900, nvlink_gbps=150, network_gbps=12.5),
-        GpuSpec(name="v100-32gb", memory_gib=31.7, peak_tflops={"fp16": 125.0, "bf16": 125.0},
+        GpuSpec(name="v100-32gb", arch="volta", memory_gib=31.7, peak_tflops={"fp16": 125.0, "bf16": 125.0},
                 hbm_gbps=900, nvlink_gbps=150, network_gbps=12.5),
-        GpuSpec(name="a100-40gb", memory_gib=39.4, peak_tflops={"fp16": 312.0, "bf16": 312.0},
+        GpuSpec(name="a100-40gb", arch="ampere", memory_gib=39.4, peak_tflops={"fp16": 312.0, "bf16": 312.0},
                 hbm_gbps=1555, nvlink_gbps=300, network_gbps=25),
-        GpuSpec(name="a100-80gb", memory_gib=79.2, peak_tflops={"fp16": 312.0, "bf16": 312.0},
+        GpuSpec(name="a100-80gb", arch="ampere", memory_gib=79.2, peak_tflops={"fp16": 312.0, "bf16": 312.0},
                 hbm_gbps=2039, nvlink_gbps=300, network_gbps=25),
-        GpuSpec(name="h100-sxm", memory_gib=79.6,
+        GpuSpec(name="h100-sxm", arch="hopper", memory_gib=79.6,
                 peak_tflops={"fp16": 989.0, "bf16": 989.0, "fp8": 1979.0},
                 hbm_gbps=3350, nvlink_gbps=450, network_gbps=50),
-        GpuSpec(name="h200", memory_gib=140.4,
+        GpuSpec(name="h200", arch="hopper", memory_gib=140.4,
                 peak_tflops={"fp16": 989.0, "bf16": 989.0, "fp8": 1979.0},
                 hbm_gbps=4800, nvlink_gbps=450, network_gbps=50),
-        GpuSpec(name="b200", memory_gib=178.4,
+        GpuSpec(name="b200", arch="blackwell", memory_gib=178.4,
                 peak_tflops={"fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0},
                 hbm_gbps=8000, nvlink_gbps=900, network_gbps=50),
-        GpuSpec(name="gb200", memory_gib=184.0,
+        GpuSpec(name="gb200", arch="blackwell", memory_gib=184.0,
                 peak_tflops={"fp16": 2450.0, "bf16": 2450.0, "fp8": 4900.0},
                 hbm_gbps=8000, nvlink_gbps=900, network_gbps=50),
-        GpuSpec(name="b300", memory_gib=268.0,
+        GpuSpec(name="b300", arch="blackwell", memory_gib=268.0,
                 peak_tflops={"fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0},
                 hbm_gbps=8000, nvlink_gbps=900, network_gbps=100),
-        GpuSpec(name="gb300", memory_gib=275.0,
+        GpuSpec(name="gb300", arch="blackwell", memory_gib=275.0,
                 peak_tflops={"fp16": 2450.0, "bf16": 2450.0, "fp8": 4900.0},
                 hbm_gbps=8000, nvlink_gbps=900, network_gbps=100),
     ]

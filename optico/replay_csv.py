@@ -112,6 +112,10 @@ class ReplayDefaults(BaseModel):
     distributed_optimizer: bool = Field(
         True, description="All published performance recipes in shared/data run the distributed optimizer; "
                           "the OptiCo table's memory figures only fit with it.")
+    recipe_flags: bool = Field(
+        True, description="Rows from NeMo, Megatron-Bridge and DGX Cloud recipes (named in their source) take "
+                          "those recipes' settings for knobs the table leaves out: sequence parallel with TP > 1, "
+                          "overlapped grad reduce and param gather.")
     ffn_hidden_ratio: PositiveInt = Field(
         4, description="ffn_hidden_size = ratio x hidden_size: Megatron-LM's default without --ffn-hidden-size.")
     context_parallel_size: PositiveInt = 1
@@ -329,7 +333,8 @@ def _build_strategy(cells: dict[str, str], ints: dict[str, int | None], args: di
         return None
     granularity, method, layers = recompute
     tp, ep = ints["tp"], ints["ep"] or defaults.expert_model_parallel_size
-    sp_default = defaults.sequence_parallel or (is_moe and ep > 1 and tp > 1)
+    recipe = defaults.recipe_flags and _from_recipe(cells.get("source", ""))
+    sp_default = defaults.sequence_parallel or (is_moe and ep > 1 and tp > 1) or (recipe and tp > 1)
     dist_opt_cell = cells.get("distributed_optimizer", "").strip().lower()
     if "fsdp" in dist_opt_cell:
         problems.append(f"distributed_optimizer {dist_opt_cell!r}: Megatron-FSDP is not a Strategy option")
@@ -345,6 +350,8 @@ def _build_strategy(cells: dict[str, str], ints: dict[str, int | None], args: di
         use_distributed_optimizer=_bool(dist_opt_cell, "distributed_optimizer",
                                         defaults.distributed_optimizer, problems),
     )
+    if recipe:
+        data["overlap_grad_reduce"] = data["overlap_param_gather"] = data["use_distributed_optimizer"]
     if args:
         for flag in ("overlap-grad-reduce", "overlap-param-gather", "tp-comm-overlap", "moe-grouped-gemm",
                      "cross-entropy-loss-fusion"):
@@ -359,6 +366,11 @@ def _build_strategy(cells: dict[str, str], ints: dict[str, int | None], args: di
         # Megatron-LM's validate_args turns SP off with a warning at TP 1, so such a run had none.
         data["sequence_parallel"] = False
     return Strategy.model_validate(data).normalized()
+
+
+def _from_recipe(source: str) -> bool:
+    """NeMo, Megatron-Bridge and DGX Cloud benchmark recipes (their performance configurations)."""
+    return bool(re.search(r"NeMo|Megatron-Bridge|dgxc-benchmarking", source))
 
 
 def _cluster(gpu_key: str, num_gpus: int) -> Cluster:

@@ -44,15 +44,17 @@ def default_domain(field: str, w: Workload) -> list[Any]:
     if field == "pipeline_model_parallel_size":
         return [p for p in range(1, min(16, m.num_layers, world) + 1) if m.num_layers % p == 0 and world % p == 0]
     if field == "context_parallel_size":
-        if w.seq_length < 16384:
-            return [1]
-        return [c for c in _powers_of_two(min(16, world)) if w.seq_length % (2 * c) == 0 or c == 1]
+        # Splitting below ~4K tokens per rank leaves attention too small to hide the KV exchange.
+        return [c for c in _powers_of_two(min(16, world, max(1, w.seq_length // 4096)))
+                if c == 1 or w.seq_length % (2 * c) == 0]
     if field == "expert_model_parallel_size":
         if not m.is_moe:
             return [1]
         return [e for e in _powers_of_two(min(world, m.num_experts)) if m.num_experts % e == 0]
     if field == "virtual_pipeline_model_parallel_size":
-        return [None, 2, 4]
+        # Chunk counts that divide the layers per stage for some allowed PP, up to 8.
+        stages = [m.num_layers // p for p in default_domain("pipeline_model_parallel_size", w) if p > 1]
+        return [None] + [v for v in range(2, 9) if any(n % v == 0 for n in stages)]
     if field == "micro_batch_size":
         return [b for b in (1, 2, 4, 8) if b <= w.global_batch_size]
     if field == "recompute_granularity":

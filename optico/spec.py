@@ -37,6 +37,9 @@ class Budget(BaseModel):
     gpu_hours: float | None = Field(None, gt=0, description="GPU-hours the runs may spend.")
     patience: PositiveInt | None = Field(None, description="Stop after this many trials without a better MFU.")
     target_mfu: float | None = Field(None, gt=0, le=1, description="Stop once a trial reaches this MFU.")
+    converge_tol: float | None = Field(0.03, ge=0, lt=1, description="Stop once no untried configuration is "
+                                       "predicted within this fraction of the best measured MFU; None = never.")
+    min_trials: PositiveInt = Field(8, description="Trials before convergence may stop the job.")
 
 
 class LauncherSpec(BaseModel):
@@ -49,6 +52,8 @@ class LauncherSpec(BaseModel):
     noise: float = Field(0.01, ge=0, le=0.5, description="Simulator: relative step-time noise (std dev).")
     hang_rate: float = Field(0.02, ge=0, le=1, description="Simulator: chance a run hangs (NCCL watchdog).")
     infra_rate: float = Field(0.0, ge=0, le=1, description="Simulator: chance a run dies of a node fault.")
+    delay_s: float = Field(0.0, ge=0, le=3600, description="Simulator: real seconds each run takes (to watch "
+                                                            "progress, or interrupt a run).")
     data: str | None = Field(None, description="Replay: the CSV of measured runs.")
     timeout_s: float = Field(3600, gt=0, description="Wall-clock limit of one run.")
     hang_s: float = Field(600, gt=0, description="A run printing nothing for this long is hung.")

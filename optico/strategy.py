@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
@@ -91,6 +92,10 @@ class Strategy(BaseModel):
     def normalized(self) -> "Strategy":
         """The same configuration written one way: VPP 1 is no VPP; recompute method and
         layer count mean nothing without full recompute."""
+        return self._normalized
+
+    @cached_property
+    def _normalized(self) -> "Strategy":
         updates: dict[str, Any] = {}
         if self.virtual_pipeline_model_parallel_size == 1:
             updates["virtual_pipeline_model_parallel_size"] = None
@@ -105,6 +110,10 @@ class Strategy(BaseModel):
 
     def signature(self) -> str:
         """Canonical identity for duplicate checks: equal for equivalent configurations."""
+        return self._signature
+
+    @cached_property
+    def _signature(self) -> str:
         payload = json.dumps(self.normalized().model_dump(mode="json"), sort_keys=True)
         return hashlib.sha1(payload.encode()).hexdigest()[:16]
 

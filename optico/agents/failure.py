@@ -1,0 +1,137 @@
+"""Failure analysis, offline: read the first error of the log, name its category, the
+parameters most likely responsible and a confidence, in the paper's fixed form:
+
+    "<PARAMS> <VALUES> caused <ERROR> (Confidence: X)"
+    "<ERROR>. No parameter issue. RETRY (Confidence: X)"        (infrastructure only)
+    "Potential underlying issue: <ERROR> (Confidence: X)"       (low confidence)
+"""
+
+from __future__ import annotations
+
+import re
+
+from optico.agents.contracts import FailureInput
+from optico.guard import recompute_level
+from optico.strategy import PAPER_NAMES, Strategy, display_value
+from optico.trial import Failure, FailureCategory
+
+_PATTERNS: list[tuple[FailureCategory, re.Pattern[str], str]] = [
+    (FailureCategory.OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.I),
+     "CUDA OutOfMemoryError"),
+    (FailureCategory.INFRASTRUCTURE, re.compile(
+        r"NodeDiedError|ActorDiedError|RayActorError|node .* (died|was lost)|ECC error|Xid \d+|"
+        r"Connection reset by peer|No space left on device|unhandled system error|GPU is lost|"
+        r"cudaErrorDevicesUnavailable|placement group .* (removed|failed)", re.I), "infrastructure fault"),
+    (FailureCategory.COMM_TIMEOUT, re.compile(
+        r"Watchdog caught collective operation timeout|NCCL.*time(d)? ?out|DistBackendError.*timeout|"
+        r"collective operation timeout", re.I), "NCCL collective timeout"),
+    (FailureCategory.INVALID_CONFIG, re.compile(
+        r"AssertionError|must be divisible|should be divisible|must be a multiple|is not divisible|"
+        r"ValueError:.*(parallel|divisible|must)|not supported with|needs Transformer Engine", re.I),
+     "invalid configuration"),
+]
+
+# Words in Megatron's assertion messages -> the parameter they are about.
+_KEYWORDS = [
+    (re.compile(r"virtual|interleaved|p2p", re.I), "virtual_pipeline_model_parallel_size"),
+    (re.compile(r"tensor[- _]model[- _]parallel|num_attention_heads|query.groups|\bTP\b", re.I),
+     "tensor_model_parallel_size"),
+    (re.compile(r"pipeline[- _]model[- _]parallel|num.layers|\bPP\b", re.I), "pipeline_model_parallel_size"),
+    (re.compile(r"context[- _]parallel|seq.length|\bCP\b", re.I), "context_parallel_size"),
+    (re.compile(r"expert|num.experts|\bEP\b", re.I), "expert_model_parallel_size"),
+    (re.compile(r"micro.batch|global.batch", re.I), "micro_batch_size"),
+    (re.compile(r"sequence.parallel", re.I), "sequence_parallel"),
+    (re.compile(r"param.gather|distributed.optimizer", re.I), "overlap_param_gather"),
+    (re.compile(r"recompute", re.I), "recompute_granularity"),
+]
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def first_error(log: str) -> tuple[FailureCategory | None, str, str]:
+    """(category, short error name, the matching line) of the first recognised error."""
+    for line in _ANSI.sub("", log).splitlines():
+        for category, pattern, name in _PATTERNS:
+            if pattern.search(line):
+                return category, name, line.strip()[:300]
+    return None, "", ""
+
+
+def _oom_params(s: Strategy, ref: Strategy | None) -> list[str]:
+    """The knobs that put this configuration over the limit, changed ones first."""
+    changed = set(ref.diff(s)) if ref else set()
+    ranked: list[str] = []
+    if s.mbs > 1 and (not ref or s.mbs > ref.mbs or "micro_batch_size" not in changed):
+        ranked.append("micro_batch_size")
+    if ref and recompute_level(s) < recompute_level(ref):
+        ranked.append("recompute_granularity")
+    for field in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        if ref and getattr(s, field) < getattr(ref, field):
+            ranked.append(field)
+    if ref and ref.use_distributed_optimizer and not s.use_distributed_optimizer:
+        ranked.append("use_distributed_optimizer")
+    if ref and ref.sequence_parallel and not s.sequence_parallel:
+        ranked.append("sequence_parallel")
+    if not ranked:
+        ranked = ["micro_batch_size"] if s.mbs > 1 else (
+            ["recompute_granularity"] if s.recompute == "none" else ["tensor_model_parallel_size"])
+    # Changed parameters explain a new failure best.
+    return sorted(dict.fromkeys(ranked), key=lambda f: f not in changed)[:2]
+
+
+def _params_text(s: Strategy, params: list[str]) -> str:
+    return ", ".join(f"{PAPER_NAMES.get(p, p)} {display_value(p, getattr(s, p))}" for p in params)
+
+
+def _clip_words(text: str, limit: int = 30) -> str:
+    words = text.split()
+    return text if len(words) <= limit else " ".join(words[:limit]) + " ..."
+
+
+class RulesFailureAnalysis:
+    """The offline failure-analysis reasoner."""
+
+    name = "rules"
+
+    def diagnose(self, inp: FailureInput) -> Failure:
+        category, name, line = first_error(inp.log)
+        hint = inp.category_hint
+        if hint in (FailureCategory.HANG, FailureCategory.NOT_MEASURED) or (hint and category is None):
+            category = hint
+            name = {FailureCategory.HANG: "no progress (hang)",
+                    FailureCategory.NOT_MEASURED: "configuration not measured"}.get(hint, hint.value)
+        s, excerpt = inp.strategy, line or inp.log.strip()[-300:]
+        if category == FailureCategory.OOM:
+            params = _oom_params(s, inp.reference)
+            confidence = 92 if (inp.predicted_mem_fraction or 0) >= 0.85 or inp.reference else 75
+            summary = f"{_params_text(s, params)} caused {name} (Confidence: {confidence})"
+            return Failure(category=category, summary=_clip_words(summary), params=params,
+                           confidence=confidence, retry=False, log_excerpt=excerpt)
+        if category == FailureCategory.INVALID_CONFIG:
+            params = [p for pattern, p in _KEYWORDS if pattern.search(line or inp.log)][:2] or \
+                     list((inp.reference.diff(s) if inp.reference else {}).keys())[:2]
+            summary = f"{_params_text(s, params)} caused {name}: {line[:80]} (Confidence: 90)"
+            return Failure(category=category, summary=_clip_words(summary), params=params, confidence=90,
+                           retry=False, log_excerpt=excerpt)
+        if category in (FailureCategory.INFRASTRUCTURE, FailureCategory.HANG, FailureCategory.COMM_TIMEOUT):
+            if inp.attempts <= 1:
+                # A first timeout or fault on a valid configuration: the paper's RETRY, once.
+                confidence = 70 if category == FailureCategory.INFRASTRUCTURE else 55
+                summary = f"{name}. No parameter issue. RETRY (Confidence: {confidence})"
+                return Failure(category=category, summary=summary, params=[], confidence=confidence,
+                               retry=True, log_excerpt=excerpt)
+            # Repeated on the same configuration: a deadlock or starvation the layout causes.
+            params = [p for p in ("virtual_pipeline_model_parallel_size", "pipeline_model_parallel_size",
+                                  "context_parallel_size", "expert_model_parallel_size")
+                      if getattr(s, p) not in (None, 1)][:2]
+            summary = (f"{_params_text(s, params)} caused repeated {name} (Confidence: 60)" if params else
+                       f"Potential underlying issue: repeated {name} (Confidence: 40)")
+            return Failure(category=category, summary=_clip_words(summary), params=params,
+                           confidence=60 if params else 40, retry=False, log_excerpt=excerpt)
+        if category == FailureCategory.NOT_MEASURED:
+            return Failure(category=category, summary="Configuration not measured by the replay table. "
+                                                      "No parameter issue (Confidence: 100)",
+                           params=[], confidence=100, retry=False, log_excerpt=excerpt)
+        summary = f"Potential underlying issue: {_clip_words(line or 'unrecognised failure', 20)} (Confidence: 30)"
+        return Failure(category=FailureCategory.UNKNOWN, summary=summary, params=[], confidence=30, retry=False,
+                       log_excerpt=excerpt)

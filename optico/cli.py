@@ -1,0 +1,243 @@
+"""`optico`: the command line (typer + rich)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from optico.spec import JobSpec, SpecError, load_spec
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Tune Megatron training configurations.")
+jobs_app = typer.Typer(no_args_is_help=True, help="Inspect tuning jobs in the pool.")
+perf_app = typer.Typer(no_args_is_help=True, help="The analytic performance model.")
+db_app = typer.Typer(no_args_is_help=True, help="The pool's database.")
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(perf_app, name="perfmodel")
+app.add_typer(db_app, name="db")
+
+console = Console()
+err = Console(stderr=True)
+
+DatabaseOption = typer.Option(None, "--database", envvar="OPTICO_DATABASE_URL",
+                              help="SQLAlchemy URL of the pool (default: SQLite in the user data dir).")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _open_store(database: str | None):
+    from optico.pool.db import default_database_url
+    from optico.pool.store import SqlStore
+
+    url = database or default_database_url()
+    return SqlStore(url), url
+
+
+def _apply_overrides(spec: JobSpec, launcher: str | None, max_trials: int | None, seed: int | None) -> JobSpec:
+    updates: dict[str, Any] = {}
+    if launcher is not None:
+        if launcher not in ("sim", "replay", "local", "ray"):
+            raise SpecError("--launcher", f"unknown launcher {launcher!r} (sim, replay, local, ray)")
+        if launcher == "replay" and not spec.launcher.data:
+            raise SpecError("--launcher", "replay needs launcher.data (a CSV of measured runs) in the spec")
+        updates["launcher"] = spec.launcher.model_copy(update={"kind": launcher})
+    if max_trials is not None:
+        if max_trials < 1:
+            raise SpecError("--max-trials", "must be at least 1")
+        updates["budget"] = spec.budget.model_copy(update={"max_trials": max_trials})
+    if seed is not None:
+        updates["seed"] = seed
+    return spec.model_copy(update=updates) if updates else spec
+
+
+class TrialView:
+    """Live rows, one per trial: what changed and why, MFU, memory vs limit, or the diagnosis."""
+
+    def __init__(self, max_trials: int, live: bool):
+        self.rows: list[tuple[str, ...]] = []
+        self.live = live
+        self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.description}"), TimeElapsedColumn(), console=console)
+        self.task = self.progress.add_task("starting", total=max_trials)
+
+    def table(self) -> Table:
+        t = Table(show_lines=False, expand=True)
+        for col, kw in [("#", {"justify": "right", "width": 3}), ("configuration", {"ratio": 3}),
+                        ("what changed and why", {"ratio": 5}), ("MFU", {"justify": "right", "width": 6}),
+                        ("memory / diagnosis", {"ratio": 4})]:
+            t.add_column(col, **kw)
+        for row in self.rows:
+            t.add_row(*row)
+        return t
+
+    def render(self) -> Group:
+        return Group(self.table(), self.progress)
+
+    def on_event(self, kind: str, payload: dict[str, Any]) -> None:
+        if kind == "trial_started":
+            self.progress.update(self.task, description=f"running #{payload['index']}: {payload['strategy']}")
+        elif kind == "trial_done":
+            if payload["status"] == "ok":
+                mem = payload.get("mem_max_gib")
+                detail = f"{mem:.1f} / {payload['mem_limit_gib']:.1f} GiB" if mem else ""
+                mfu = f"{payload['mfu']:.1%}"
+            else:
+                detail, mfu = f"[red]{payload.get('summary') or 'failed'}[/]", "[red]fail[/]"
+            row = (str(payload["index"]), payload["strategy"], payload.get("rationale", ""), mfu, detail)
+            self.rows.append(row)
+            self.progress.update(self.task, advance=1, description=f"best {payload['best_mfu']:.1%}"
+                                 if payload.get("best_mfu") else "")
+            if not self.live:
+                console.print(f"#{row[0]:>2} {row[1]:<40} MFU {mfu:>6}  {detail}  — {row[2]}", highlight=False)
+        elif kind == "job_done":
+            self.progress.update(self.task, description=f"done: {payload['stop_reason']}")
+
+
+def _summary(result: dict[str, Any]) -> None:
+    base, best = result["baseline"], result["best"]
+    console.rule(f"[bold]job {result['job_id']} {result['status']}: {result['stop_reason']}")
+    if best:
+        line = f"best MFU [bold green]{best['mfu']:.1%}[/] ({best['tflops_per_gpu']:.0f} TFLOP/s/GPU, trial {best['trial']})"
+        if base["mfu"]:
+            gain = best["mfu"] / base["mfu"] - 1
+            line += f" vs baseline {base['mfu']:.1%} ({base['source']}): {gain:+.1%}"
+        console.print(line)
+    else:
+        console.print("[red]no successful trial[/]")
+    console.print(f"trials {len(result['trials'])}, failed {result['failed_trials']}, "
+                  f"GPU-hours {result['gpu_hours']:.1f}")
+    if best:
+        console.print("best configuration as Megatron-LM flags:")
+        console.print("  " + " ".join(best["megatron_args"]), highlight=False, soft_wrap=True)
+
+
+@app.command()
+def tune(
+    spec_path: Optional[Path] = typer.Argument(None, metavar="SPEC.yaml", help="The workload spec."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="Override the spec's launcher: sim|replay."),
+    max_trials: Optional[int] = typer.Option(None, "--max-trials", help="Override the trial budget."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Override the job seed."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
+    resume: Optional[int] = typer.Option(None, "--resume", metavar="JOB_ID", help="Resume an interrupted job."),
+    database: Optional[str] = DatabaseOption,
+) -> None:
+    """Run a tuning job (or resume one) and print the best configuration."""
+    if resume is None and spec_path is None:
+        _fail("give a SPEC.yaml, or --resume JOB_ID")
+    spec = None
+    if resume is None:
+        try:
+            spec = _apply_overrides(load_spec(spec_path), launcher, max_trials, seed)
+        except SpecError as exc:
+            _fail(str(exc))
+    # Imported after the spec is checked: a bad spec fails fast, without loading LangGraph.
+    from optico.report import job_result
+    from optico.runner import run_job
+
+    store, url = _open_store(database)
+    try:
+        if resume is not None:
+            try:
+                job = store.get_job(resume)
+            except KeyError:
+                _fail(f"--resume: no job {resume} in {url}")
+            max_t = job.spec.budget.max_trials
+            job_id = resume
+            console.print(f"resuming job {job_id} ({job.name}), {len(store.trials(job_id))} trials recorded")
+        else:
+            job_id = store.create_job(spec)
+            max_t = spec.budget.max_trials
+            console.print(f"job {job_id}: {spec.name} — {spec.workload.describe()}, launcher {spec.launcher.kind}")
+        view = TrialView(max_t, live=console.is_terminal)
+        if view.live:
+            with Live(view.render(), console=console, refresh_per_second=4) as live:
+                def on_event(kind: str, payload: dict[str, Any]) -> None:
+                    view.on_event(kind, payload)
+                    live.update(view.render())
+                run_job(store, url, job_id, on_event=on_event)
+        else:
+            run_job(store, url, job_id, on_event=view.on_event)
+        result = job_result(store, job_id)
+        _summary(result)
+        if json_path:
+            json_path.write_text(json.dumps(result, indent=2) + "\n")
+            console.print(f"result written to {json_path}")
+    finally:
+        store.close()
+
+
+@jobs_app.command("list")
+def jobs_list(database: Optional[str] = DatabaseOption, limit: int = typer.Option(20, help="How many.")) -> None:
+    """Jobs in the pool, newest first."""
+    store, _ = _open_store(database)
+    with store:
+        table = Table("id", "name", "status", "trials", "best MFU", "stop reason", "created")
+        for job in store.list_jobs(limit):
+            trials = store.trials(job.id)
+            best = max((t.mfu for t in trials if t.mfu is not None), default=None)
+            table.add_row(str(job.id), job.name, job.status.value, str(len(trials)),
+                          f"{best:.1%}" if best is not None else "-", job.stop_reason or "",
+                          job.created_at.strftime("%Y-%m-%d %H:%M"))
+        console.print(table)
+
+
+@jobs_app.command("show")
+def jobs_show(job_id: int, messages: bool = typer.Option(False, "--messages", help="Each agent's output per iteration."),
+              reasoning: bool = typer.Option(False, "--reasoning", help="Include stored chain of thought."),
+              database: Optional[str] = DatabaseOption) -> None:
+    """One job: its trials, its best configuration, and optionally the agents' messages."""
+    from optico.report import job_result
+
+    store, url = _open_store(database)
+    with store:
+        try:
+            result = job_result(store, job_id)
+        except KeyError:
+            _fail(f"no job {job_id} in {url}")
+        table = Table("#", "configuration", "status", "MFU", "memory GiB", "diagnosis / rationale")
+        for t in store.trials(job_id):
+            table.add_row(str(t.index), t.strategy.short(), t.status.value,
+                          f"{t.mfu:.1%}" if t.mfu is not None else "-",
+                          f"{t.metrics.mem_max_gib:.1f}" if t.metrics and t.metrics.mem_max_gib else "-",
+                          t.failure.summary if t.failure else t.rationale)
+        console.print(f"job {job_id}: {result['name']} — {result['workload']}")
+        console.print(table)
+        if messages:
+            for msg in store.messages(job_id):
+                console.rule(f"iteration {msg.iteration} · {msg.agent} · {msg.kind}")
+                content = dict(msg.content)
+                if not reasoning:
+                    content.pop("reasoning", None)
+                if msg.text:
+                    console.print(msg.text, highlight=False)
+                console.print_json(json.dumps(content, default=str))
+        _summary(result)
+
+
+@db_app.command("upgrade")
+def db_upgrade(database: Optional[str] = DatabaseOption) -> None:
+    """Create or migrate the pool's schema (Alembic)."""
+    from optico.pool.db import default_database_url, make_engine
+    from optico.pool.schema import current_revision, upgrade
+
+    engine = make_engine(database or default_database_url())
+    upgrade(engine)
+    console.print(f"schema at {current_revision(engine)}")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,109 @@
+"""The deterministic guard: no candidate reaches hardware unless code admits it.
+
+Checks, in order: Megatron's validity rules, the search space, the launcher's
+finite set (a replay table), duplicates of this job's trials, known failures of
+this or earlier jobs on the workload, OOMs implied by a known OOM (same parallel
+layout with a larger micro-batch or less recompute), and a performance-model OOM
+prediction beyond the margin. The LLM proposes; it never has the last word.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from optico.perfmodel.online import JobModel
+from optico.rules import violations
+from optico.search_space import SearchSpace
+from optico.strategy import Strategy
+from optico.trial import FailureCategory, Trial, TrialStatus
+from optico.workload import Workload
+
+def recompute_level(s: Strategy) -> float:
+    """Memory saved by recompute, as an order: none < selective < full block (more layers saves
+    more) < full uniform."""
+    s = s.normalized()
+    if s.recompute_granularity == "full":
+        return 3.0 if s.recompute_method == "uniform" else 2.0 + (s.recompute_num_layers or 1) / 1000
+    return 1.0 if s.recompute_granularity == "selective" else 0.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    admitted: bool
+    rule: str = ""
+    reason: str = ""
+
+
+ADMIT = Verdict(True)
+
+# Failures that say nothing about the configuration itself.
+_TRANSIENT = {FailureCategory.INFRASTRUCTURE, FailureCategory.HANG, FailureCategory.COMM_TIMEOUT}
+
+
+def needs_at_least_as_much_memory(candidate: Strategy, oom: Strategy) -> bool:
+    """True when `candidate` keeps `oom`'s parallel layout and saves no memory anywhere."""
+    a, b = candidate.normalized(), oom.normalized()
+    layout = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+              "expert_model_parallel_size", "virtual_pipeline_model_parallel_size",
+              "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+    if any(getattr(a, f) != getattr(b, f) for f in layout):
+        return False
+    return (a.micro_batch_size >= b.micro_batch_size
+            and recompute_level(a) <= recompute_level(b)
+            and (b.sequence_parallel or not a.sequence_parallel)
+            and (b.use_distributed_optimizer or not a.use_distributed_optimizer)
+            and (b.cross_entropy_loss_fusion or not a.cross_entropy_loss_fusion))
+
+
+class Guard:
+    """Admits or rejects candidates for one job."""
+
+    def __init__(self, workload: Workload, space: SearchSpace, model: JobModel,
+                 candidates: list[Strategy] | None = None):
+        self.workload, self.space, self.model = workload, space, model
+        self._measurable = {s.signature() for s in candidates} if candidates is not None else None
+        self._static: dict[str, Verdict] = {}
+
+    def _static_check(self, s: Strategy) -> Verdict:
+        """The checks that depend on the configuration alone (cached: they never change in a job)."""
+        sig = s.signature()
+        if sig not in self._static:
+            broken = violations(self.workload, s)
+            outside = self.space.outside(s)
+            if broken:
+                verdict = Verdict(False, "invalid", "; ".join(map(str, broken)))
+            elif outside:
+                verdict = Verdict(False, "outside-space", outside[0])
+            elif self._measurable is not None and sig not in self._measurable:
+                verdict = Verdict(False, "not-measurable", "the launcher has no measurement of this configuration")
+            else:
+                verdict = ADMIT
+            self._static[sig] = verdict
+        return self._static[sig]
+
+    def check(self, s: Strategy, history: list[Trial], prior: list[Trial] = (), *, retry: bool = False) -> Verdict:
+        static = self._static_check(s)
+        if not static.admitted:
+            return static
+        sig = s.signature()
+        if not retry:
+            for t in history:
+                if t.signature == sig:
+                    return Verdict(False, "duplicate", f"same configuration as trial {t.index}")
+        for t in [*history, *prior]:
+            if t.status != TrialStatus.FAILED or t.failure is None:
+                continue
+            if t.signature == sig and t.failure.category not in _TRANSIENT and not retry:
+                return Verdict(False, "known-failure", f"failed before ({t.failure.summary})")
+            if t.failure.category == FailureCategory.OOM and t.signature != sig and \
+                    needs_at_least_as_much_memory(s, t.strategy):
+                return Verdict(False, "implied-oom", f"needs at least the memory of {t.strategy.short()}, "
+                                                     f"which ran out of memory")
+        if self.model.predicted_oom(s):
+            return Verdict(False, "predicted-oom",
+                           f"predicted {self.model.mem_gib(s):.1f} GiB > {self.model.limit_gib:.1f} GiB "
+                           f"limit (+{self.model.constants.oom_margin:.0%} margin)")
+        return ADMIT
+
+    def admissible(self, s: Strategy, history: list[Trial], prior: list[Trial] = ()) -> bool:
+        return self.check(s, history, prior).admitted

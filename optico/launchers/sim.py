@@ -1,0 +1,119 @@
+"""The simulator launcher: the performance model as a cluster.
+
+A run is answered by the model (with its own constants — benchmarks give it hidden
+deviations the tuner's model does not see) plus seeded measurement noise, and fails
+the way real runs fail: Megatron's assertion text for a configuration Megatron
+refuses, a CUDA out-of-memory error when the (noisy) memory exceeds the GPU, a
+hang, an NCCL watchdog timeout, a dead node. The same seed and trial give the
+same answer, so a resumed job sees what the interrupted one would have seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import numpy as np
+
+from optico.launchers.base import Launcher, ProgressCallback
+from optico.perfmodel.constants import Constants, load_constants
+from optico.perfmodel.model import predict
+from optico.rules import violations
+from optico.strategy import Strategy
+from optico.trial import FailureCategory, LaunchResult, Metrics
+from optico.workload import Workload
+
+STARTUP_S = 90.0  # model build, NCCL init, data loader: paid by every real launch
+WARMUP_STEPS, TIMED_STEPS = 3, 10
+
+
+def _rng(*parts: object) -> np.random.Generator:
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def _traceback(rank: int, error: str) -> str:
+    return "\n".join([
+        f"[rank{rank}]: Traceback (most recent call last):",
+        f'[rank{rank}]:   File "/workspace/Megatron-LM/pretrain_gpt.py", line 291, in <module>',
+        f"[rank{rank}]:     pretrain(",
+        f'[rank{rank}]:   File "/workspace/Megatron-LM/megatron/training/training.py", line 612, in pretrain',
+        f"[rank{rank}]:     iteration, num_floating_point_operations_so_far = train(",
+        f"[rank{rank}]: {error}",
+        "E1122 12:00:00.000000 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 1) "
+        f"local_rank: {rank}",
+    ])
+
+
+class SimLauncher(Launcher):
+    """Answers from the performance model; see the module docstring."""
+
+    kind = "sim"
+
+    def __init__(self, seed: int = 0, noise: float = 0.01, hang_rate: float = 0.02, infra_rate: float = 0.0,
+                 constants: Constants | None = None, mem_noise: float = 0.015, delay_s: float = 0.0):
+        self.seed, self.noise, self.hang_rate, self.infra_rate = seed, noise, hang_rate, infra_rate
+        self.mem_noise, self.delay_s = mem_noise, delay_s
+        self.constants = constants or load_constants()
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "seed": self.seed, "noise": self.noise, "hang_rate": self.hang_rate,
+                "infra_rate": self.infra_rate}
+
+    async def launch(self, workload: Workload, strategy: Strategy, *, trial_key: str,
+                     progress: ProgressCallback | None = None) -> LaunchResult:
+        world = workload.world_size
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        fingerprint = {"launcher": "sim", "seed": self.seed, "megatron_core": workload.framework.megatron_core}
+        broken = violations(workload, strategy)
+        if broken:
+            log = _traceback(0, f"AssertionError: {broken[0].message}")
+            return LaunchResult(ok=False, log=log, exit_code=1, duration_s=30.0, gpu_seconds=30.0 * world,
+                                fingerprint=fingerprint)
+        pred = predict(workload, strategy, self.constants)
+        config_rng = _rng(self.seed, "config", strategy.signature())  # systematic, per configuration
+        run_rng = _rng(self.seed, "run", trial_key)  # varies per attempt
+        limit = workload.cluster.spec.memory_gib
+        mem = pred.mem_gib * (1 + self.mem_noise * config_rng.standard_normal())
+        if progress:
+            progress(f"sim: {strategy.short()} predicted {pred.step_time_s:.2f} s/step, {mem:.1f} GiB")
+        if mem > limit:
+            want = max(0.25, mem - limit + 0.5)
+            error = (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {want:.2f} GiB. GPU 0 has a "
+                     f"total capacity of {limit:.2f} GiB of which {max(0.05, limit - mem + want):.2f} GiB is free. "
+                     f"Including non-PyTorch memory, this process has {limit - 0.3:.2f} GiB memory in use.")
+            return LaunchResult(ok=False, log=_traceback(0, error), exit_code=1, duration_s=STARTUP_S,
+                                gpu_seconds=STARTUP_S * world, fingerprint=fingerprint)
+        draw = run_rng.random()
+        if draw < self.infra_rate:
+            node = int(run_rng.integers(0, workload.cluster.nodes_used))
+            log = (f"RuntimeError: NCCL error: unhandled system error, NCCL version 2.21.5\n"
+                   f"Xid 79: GPU has fallen off the bus on node {node}")
+            return LaunchResult(ok=False, log=log, exit_code=1, duration_s=STARTUP_S, gpu_seconds=STARTUP_S * world,
+                                fingerprint=fingerprint)
+        if draw < self.infra_rate + self.hang_rate:
+            hang_s = 600.0
+            if run_rng.random() < 0.5:
+                log = (f"[rank{world - 1}]:[E1122 12:00:00 ProcessGroupNCCL.cpp:616] [Rank {world - 1}] Watchdog "
+                       f"caught collective operation timeout: WorkNCCL(SeqNum=4211, OpType=ALLREDUCE, "
+                       f"Timeout(ms)=600000) ran for 600081 milliseconds before timing out.")
+                hint = None
+            else:
+                log = f" iteration        2/      13 | elapsed time per iteration (ms): {pred.step_time_s * 1e3:.1f}\n" \
+                      f"no output for {hang_s:.0f} s: run killed (hang)"
+                hint = FailureCategory.HANG
+            return LaunchResult(ok=False, log=log, exit_code=-9, duration_s=STARTUP_S + hang_s,
+                                gpu_seconds=(STARTUP_S + hang_s) * world, fingerprint=fingerprint,
+                                category_hint=hint)
+        step = pred.step_time_s * float(np.exp(self.noise * run_rng.standard_normal()))
+        scale = pred.step_time_s / step
+        busy = 1.0 - (pred.time.pp_bubble_s + pred.time.overhead_s) / pred.step_time_s
+        util = float(np.clip(busy + 0.02 * run_rng.standard_normal(), 0.05, 1.0))
+        metrics = Metrics(
+            step_time_s=step, tflops_per_gpu=pred.tflops_per_gpu * scale, mfu=pred.mfu * scale,
+            tokens_per_s_per_gpu=pred.tokens_per_s_per_gpu * scale, mem_avg_gib=mem * 0.93, mem_max_gib=mem,
+            mem_limit_gib=limit, gpu_util_avg=util, gpu_util_max=min(1.0, util + 0.05))
+        duration = STARTUP_S + (WARMUP_STEPS + TIMED_STEPS) * step
+        return LaunchResult(ok=True, metrics=metrics, log=f"sim: {TIMED_STEPS} steps at {step:.3f} s", exit_code=0,
+                            duration_s=duration, gpu_seconds=duration * world, fingerprint=fingerprint)

@@ -1,0 +1,97 @@
+"""The performance model's free constants: efficiencies and overheads that physics
+leaves open. Defaults ship in calibration.json (fitted on ../shared/data by
+`optico perfmodel calibrate`); a spec or OPTICO_CALIBRATION can point elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
+
+
+class Constants(BaseModel):
+    """Every free constant, with the bounds a calibration may move it within."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gemm_efficiency: float = Field(0.80, ge=0.3, le=0.98, description="Large bf16/fp16 GEMMs, fraction of peak.")
+    fp8_gemm_efficiency: float = Field(0.55, ge=0.2, le=0.95, description="fp8 GEMMs, fraction of fp8 peak.")
+    gemm_knee: float = Field(96.0, ge=1, le=4096, description="GEMM dimension at which efficiency halves.")
+    volta_efficiency: float = Field(1.0, ge=0.4, le=1.25, description="Scales GEMM and attention efficiency "
+                                                                     "on V100 (generations saturate differently).")
+    ampere_efficiency: float = Field(1.0, ge=0.4, le=1.25, description="Same on A100.")
+    hopper_efficiency: float = Field(1.0, ge=0.4, le=1.25, description="Same on H100/H200.")
+    blackwell_efficiency: float = Field(1.0, ge=0.4, le=1.25, description="Same on B200/GB200/B300/GB300.")
+    attention_efficiency: float = Field(0.50, ge=0.15, le=0.9, description="Flash attention, fraction of peak.")
+    moe_gemm_penalty: float = Field(0.75, ge=0.3, le=1.0, description="Expert GEMMs looped one by one (no grouped GEMM).")
+    elementwise_scale: float = Field(1.0, ge=0.2, le=5.0, description="Scales the memory traffic of norms, "
+                                                                        "activations, RoPE, residuals.")
+    nvlink_efficiency: float = Field(0.75, ge=0.2, le=1.0, description="NCCL bus bandwidth / nominal NVLink.")
+    network_efficiency: float = Field(0.80, ge=0.2, le=1.0, description="NCCL bus bandwidth / nominal NIC.")
+    tp_exposed: float = Field(0.85, ge=0.0, le=1.0, description="TP collectives not hidden (no TP overlap).")
+    tp_overlap_exposed: float = Field(0.25, ge=0.0, le=1.0, description="TP collectives not hidden with "
+                                                                        "tp_comm_overlap.")
+    cp_exposed: float = Field(0.3, ge=0.0, le=1.0, description="Ring-attention KV exchange not hidden.")
+    ep_exposed: float = Field(0.8, ge=0.0, le=1.0, description="Expert all-to-all not hidden.")
+    p2p_exposed: float = Field(1.0, ge=0.0, le=1.0, description="Pipeline send/recv on the critical path.")
+    p2p_overlap_exposed: float = Field(0.2, ge=0.0, le=1.0, description="Same with overlapped p2p (VPP).")
+    dp_overlap_exposed: float = Field(0.15, ge=0.0, le=1.0, description="Grad reduce/param gather left "
+                                                                        "exposed by the overlap flags.")
+    layer_overhead_s: float = Field(2e-4, ge=0, le=0.01, description="Per layer per micro-batch: kernel "
+                                                                     "launches, host work.")
+    step_overhead_s: float = Field(0.02, ge=0, le=2.0, description="Per iteration: data, logging, sync.")
+    activation_scale: float = Field(1.0, ge=0.3, le=2.0, description="Scales the Korthikanti activation count "
+                                                                     "(fused kernels keep fewer tensors).")
+    pp_extra_in_flight: float = Field(1.0, ge=0.0, le=3.0, description="Micro-batches a pipeline stage holds "
+                                                                       "beyond 1F1B's PP - rank (receive "
+                                                                       "buffers, the next input).")
+    logits_bytes: float = Field(10.0, ge=2, le=24, description="Bytes per logit element held at the loss "
+                                                               "(bf16 logits + fp32 copies), unfused.")
+    logits_bytes_fused: float = Field(6.0, ge=2, le=24, description="Same with cross-entropy loss fusion.")
+    mem_overhead_gib: float = Field(2.5, ge=0, le=12, description="CUDA context, NCCL and cuBLAS buffers.")
+    mem_fragmentation: float = Field(0.05, ge=0, le=0.5, description="Allocator slack over activations.")
+    oom_margin: float = Field(0.06, ge=0, le=0.5, description="The guard rejects a prediction above "
+                                                              "limit x (1 + margin).")
+
+    @classmethod
+    def free_fields(cls) -> dict[str, tuple[float, float]]:
+        """Calibratable constants with their bounds."""
+        out = {}
+        for name, info in cls.model_fields.items():
+            if name == "oom_margin":
+                continue
+            lo = next(m.ge for m in info.metadata if hasattr(m, "ge"))
+            hi = next(m.le for m in info.metadata if hasattr(m, "le"))
+            out[name] = (float(lo), float(hi))
+        return out
+
+    def arch_factor(self, arch: str) -> float:
+        return getattr(self, f"{arch}_efficiency", 1.0)
+
+    def save(self, path: str | Path) -> None:
+        tmp = Path(str(path) + ".tmp")
+        tmp.write_text(json.dumps(self.model_dump(), indent=2) + "\n")
+        os.replace(tmp, path)
+
+
+def load_constants(path: str | Path | None = None) -> Constants:
+    """Constants from `path`, else $OPTICO_CALIBRATION, else the shipped calibration."""
+    chosen = path or os.environ.get("OPTICO_CALIBRATION") or DEFAULT_CALIBRATION
+    return _load(str(chosen))
+
+
+@lru_cache(maxsize=16)
+def _load(path: str) -> Constants:
+    p = Path(path)
+    if not p.is_file():
+        if p == DEFAULT_CALIBRATION:
+            return Constants()
+        raise FileNotFoundError(f"calibration file not found: {p}")
+    data = json.loads(p.read_text())
+    data.pop("_meta", None)
+    return Constants.model_validate(data)

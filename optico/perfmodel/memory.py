@@ -1,0 +1,142 @@
+"""Peak memory per GPU, per pipeline stage.
+
+Weights, gradients and Adam state after Megatron's mixed-precision scheme (bf16
+weights, fp32 main grads, fp32 master + two moments: 18 B/param, or 6 + 12/DP with
+the distributed optimizer sharding over DP·CP; experts shard over expert-DP).
+Activations after Korthikanti et al. 2022 with flash attention (no s² scores), split
+by TP, by SP for the norms and residuals, by CP along the sequence; selective
+recompute drops the attention output, full recompute keeps one input per recompute
+chunk. The first stage holds PP micro-batches in flight under 1F1B, more when
+interleaved; the last holds the logits of one micro-batch at the loss.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from optico.perfmodel.constants import Constants
+from optico.perfmodel.layout import Layout
+from optico.strategy import Strategy
+from optico.workload import Workload
+
+GIB = 1024**3
+
+
+class MemoryBreakdown(BaseModel):
+    """The peak stage's memory in GiB, by kind."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stage: int
+    weights_gib: float
+    grads_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    logits_gib: float
+    overhead_gib: float
+    total_gib: float
+    limit_gib: float
+    stage_totals_gib: list[float] = []
+
+    @property
+    def fraction(self) -> float:
+        return self.total_gib / self.limit_gib
+
+
+def _params_on_stage(w: Workload, s: Strategy, lay: Layout, stage: int) -> tuple[float, float]:
+    """(dense, expert) parameters one GPU of `stage` holds."""
+    m = w.model
+    attention, mlp = m.layer_params()
+    layers = lay.stages[stage]
+    if m.is_moe:
+        router = m.hidden_size * m.num_experts
+        expert = (mlp - router) * layers / (lay.ep * lay.tp)
+        dense = (attention + router) * layers / lay.tp
+    else:
+        expert = 0.0
+        dense = (attention + mlp) * layers / lay.tp
+    embed = m.padded_vocab(lay.tp) * m.hidden_size / lay.tp
+    if stage == 0:
+        dense += embed
+    if stage == lay.pp - 1 and (m.untie_embeddings_and_output_weights or lay.pp > 1):
+        dense += embed  # the output layer, or the tied copy Megatron keeps on the last stage
+    return dense, expert
+
+
+def layer_activation_bytes(w: Workload, s: Strategy, lay: Layout, c: Constants) -> tuple[float, float]:
+    """(stored bytes of one layer, bytes of the input kept by full recompute) per micro-batch."""
+    m, t, T = w.model, lay.tp, lay.tokens
+    h, q, kv = m.hidden_size, m.head_dim * m.num_attention_heads, m.head_dim * m.groups
+    sp = t if s.sequence_parallel else 1
+    # fp8 (Transformer Engine) keeps the inputs of the four GEMMs in fp8: 1 byte instead of 2.
+    gemm_in = 1.0 if w.precision == "fp8" else 2.0
+    norms_and_residuals = (4.0 + 2 * gemm_in) * T * h / sp  # the two norms' inputs (2 B) and outputs
+    attention = 2.0 * T * (q + 2 * kv) / t + 4.0 * T * m.num_attention_heads / t  # q, k, v + softmax stats
+    attention_out = gemm_in * T * q / t
+    gate = (4 if m.swiglu else 2) + gemm_in  # FC1 output (2F when gated), and the activation's output
+    if m.is_moe:
+        routed = T * m.moe_router_topk
+        mlp = routed * (2.0 * h + gate * m.expert_ffn) / t + 4.0 * T * m.num_experts / sp
+        if m.moe_shared_expert_intermediate_size:
+            mlp += gate * T * m.moe_shared_expert_intermediate_size / t
+    else:
+        mlp = gate * T * m.ffn_hidden_size / t
+    stored = norms_and_residuals + attention + mlp
+    if s.recompute_granularity != "selective":
+        stored += attention_out
+    return stored * c.activation_scale, 2.0 * T * h / sp
+
+
+def stage_activation_bytes(w: Workload, s: Strategy, lay: Layout, c: Constants, stage: int) -> float:
+    """Activations held at the stage's peak: in-flight micro-batches plus one layer being recomputed/backpropagated."""
+    full, kept_input = layer_activation_bytes(w, s, lay, c)
+    layers = lay.stages[stage]
+    if s.recompute_granularity == "full":
+        n = s.recompute_num_layers or 1
+        chunk_layers = layers / lay.vpp
+        if s.recompute_method == "block":
+            recomputed = min(n, chunk_layers) * lay.vpp
+            per_microbatch = recomputed * kept_input + (layers - recomputed) * full
+            working = full * min(n, chunk_layers)
+        else:
+            chunks = max(1.0, layers / n)
+            per_microbatch = chunks * kept_input
+            working = full * n
+    else:
+        per_microbatch = layers * full
+        working = full
+    if stage == 0:
+        per_microbatch += 2.0 * lay.tokens * w.model.hidden_size / (lay.tp if s.sequence_parallel else 1)
+    return per_microbatch * lay.in_flight[stage] + working
+
+
+def memory(w: Workload, s: Strategy, lay: Layout, c: Constants) -> MemoryBreakdown:
+    """The highest stage's memory."""
+    m = w.model
+    limit = w.cluster.spec.memory_gib
+    dense_shard = lay.dp * lay.cp if s.use_distributed_optimizer else 1
+    expert_dp = max(1, w.world_size // (lay.ep * lay.tp * lay.pp))
+    expert_shard = expert_dp if s.use_distributed_optimizer else 1
+    best: MemoryBreakdown | None = None
+    totals: list[float] = []
+    for stage in range(lay.pp):
+        dense, expert = _params_on_stage(w, s, lay, stage)
+        params = dense + expert
+        weights = (3.0 if w.precision == "fp8" else 2.0) * params  # fp8 adds a cached fp8 copy
+        grads = 4.0 * params
+        optimizer = 12.0 * (dense / dense_shard + expert / expert_shard)
+        acts = stage_activation_bytes(w, s, lay, c, stage) * (1 + c.mem_fragmentation)
+        logits = 0.0
+        if stage == lay.pp - 1:
+            per_element = c.logits_bytes_fused if s.cross_entropy_loss_fusion else c.logits_bytes
+            logits = lay.tokens * m.padded_vocab(lay.tp) / lay.tp * per_element
+        total = (weights + grads + optimizer + acts + logits) / GIB + c.mem_overhead_gib
+        totals.append(total)
+        candidate = MemoryBreakdown(
+            stage=stage, weights_gib=weights / GIB, grads_gib=grads / GIB, optimizer_gib=optimizer / GIB,
+            activations_gib=acts / GIB, logits_gib=logits / GIB, overhead_gib=c.mem_overhead_gib,
+            total_gib=total, limit_gib=limit)
+        if best is None or candidate.total_gib > best.total_gib:
+            best = candidate
+    assert best is not None
+    return best.model_copy(update={"stage_totals_gib": totals})

@@ -1,0 +1,133 @@
+"""The pool's tables (SQLAlchemy 2 declarative). Internal to `optico.pool`.
+
+Callers never see these rows: `store.py` turns them into frozen pydantic objects.
+Every table is prefixed `optico_` because LangGraph's checkpointer keeps its own tables
+(`checkpoints`, `writes`, `checkpoint_blobs`, ...) in the same database. The schema is
+created and changed only by the Alembic migrations in `migrations/`; a change here
+needs a new revision there (tests compare the two).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, func
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Deterministic constraint names: SQLite migrations rebuild tables ("batch" mode) and
+# must be able to name what they drop; PostgreSQL would otherwise invent names.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# JSON that stores Python None as SQL NULL (not the JSON literal 'null'), so
+# `IS NULL` means "absent" on both backends.
+NullableJSON = JSON(none_as_null=True)
+
+
+def _utcnow() -> Any:
+    """The database clock: one clock for every worker, whatever their own clocks say."""
+    return func.now()
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class WorkloadRow(Base):
+    """A workload seen by some job; jobs with the same key share what they learned."""
+
+    __tablename__ = "optico_workloads"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    workload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
+
+
+class JobRow(Base):
+    __tablename__ = "optico_jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(255))
+    # Plain strings, not a database ENUM or CHECK: the enums live in Python (JobStatus,
+    # TrialStatus) and a new value should not need a migration on every backend.
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    workload_key: Mapped[str] = mapped_column(
+        String(64), ForeignKey("optico_workloads.key", ondelete="RESTRICT"), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=_utcnow(), onupdate=_utcnow())
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    stop_reason: Mapped[str | None] = mapped_column(Text)
+    # No foreign key to optico_trials: jobs and trials would reference each other, and a
+    # cycle needs ALTER TABLE ADD CONSTRAINT, which SQLite lacks. The store checks that
+    # the trial belongs to the job instead.
+    best_trial_id: Mapped[int | None] = mapped_column(Integer)
+
+
+class TrialRow(Base):
+    __tablename__ = "optico_trials"
+    __table_args__ = (
+        # A job's trial `index` is claimed once; start_trial relies on it to be idempotent.
+        UniqueConstraint("job_id", "index"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(Integer, ForeignKey("optico_jobs.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column("index", Integer)
+    # Duplicate checks across jobs look trials up by signature.
+    signature: Mapped[str] = mapped_column(String(64), index=True)
+    strategy: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16))
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
+    failure: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
+    rationale: Mapped[str] = mapped_column(Text, default="")
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    fingerprint: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    log_path: Mapped[str | None] = mapped_column(Text)
+    log_excerpt: Mapped[str] = mapped_column(Text, default="")
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class MessageRow(Base):
+    """One agent output in the global message pool."""
+
+    __tablename__ = "optico_messages"
+    __table_args__ = (
+        # One message per (job, iteration, agent, kind): a node re-run after a crash
+        # replaces its message (upsert) instead of adding a second one.
+        UniqueConstraint("job_id", "iteration", "agent", "kind"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(Integer, ForeignKey("optico_jobs.id", ondelete="CASCADE"))
+    iteration: Mapped[int] = mapped_column(Integer)
+    agent: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(64))
+    content: Mapped[dict[str, Any]] = mapped_column(JSON)
+    text: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
+
+
+class EventRow(Base):
+    """An append-only audit trail; the dashboard tails it with `after_id`."""
+
+    __tablename__ = "optico_events"
+    __table_args__ = (Index("ix_optico_events_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(Integer, ForeignKey("optico_jobs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
+
+
+OUR_TABLES: frozenset[str] = frozenset(Base.metadata.tables)

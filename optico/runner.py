@@ -1,0 +1,60 @@
+"""Runs a job: builds the agents, the launcher and the guard, then drives the graph."""
+
+from __future__ import annotations
+
+from optico.agents.analysis import RulesAnalysis
+from optico.agents.failure import RulesFailureAnalysis
+from optico.agents.generation import RulesGeneration
+from optico.checkpoint import open_checkpointer, thread_config
+from optico.guard import Guard
+from optico.launchers.base import Launcher
+from optico.launchers.factory import build_launcher
+from optico.loop import EventSink, LoopContext, build_graph
+from optico.perfmodel.online import JobModel
+from optico.pool.store import Store
+from optico.spec import JobSpec
+from optico.strategy import Strategy
+
+
+def search_pool(spec: JobSpec, launcher: Launcher) -> tuple[list[Strategy], list[Strategy] | None]:
+    """(every strategy the job may run, the launcher's finite set or None)."""
+    candidates = launcher.candidates(spec.workload)
+    if candidates is None:
+        return list(spec.search_space.enumerate(spec.workload)), None
+    inside = [s for s in candidates if spec.search_space.contains(s)]
+    return inside, inside
+
+
+def build_context(spec: JobSpec, store: Store, job_id: int, *, launcher: Launcher | None = None,
+                  on_event: EventSink | None = None) -> LoopContext:
+    launcher = launcher or build_launcher(spec.launcher, spec.seed)
+    model = JobModel(spec.workload)
+    pool, candidates = search_pool(spec, launcher)
+    guard = Guard(spec.workload, spec.search_space, model, candidates)
+    prior = store.workload_trials(spec.workload.key(), exclude_job=job_id)
+    rules_analysis = RulesAnalysis(model, guard, pool)
+    rules_generation = RulesGeneration()
+    rules_failure = RulesFailureAnalysis()
+    for agent, kind in (("analysis", spec.reasoner.analysis), ("generation", spec.reasoner.generation),
+                        ("failure", spec.reasoner.failure)):
+        if kind != "rules":
+            raise ValueError(f"reasoner.{agent}: {kind!r} is not available in this build")
+    return LoopContext(store=store, spec=spec, launcher=launcher, model=model, guard=guard, pool=pool,
+                       analysis=rules_analysis, generation=rules_generation, failure=rules_failure,
+                       rules_analysis=rules_analysis, rules_generation=rules_generation,
+                       rules_failure=rules_failure, on_event=on_event, prior=prior, candidates=candidates)
+
+
+def run_job(store: Store, database_url: str, job_id: int, *, launcher: Launcher | None = None,
+            on_event: EventSink | None = None) -> None:
+    """Runs (or resumes) job `job_id` to completion; its checkpoints share the pool's database."""
+    spec = store.get_job(job_id).spec
+    ctx = build_context(spec, store, job_id, launcher=launcher, on_event=on_event)
+    with open_checkpointer(database_url) as saver:
+        app = build_graph().compile(checkpointer=saver)
+        config = thread_config(job_id)
+        snapshot = app.get_state(config)
+        if snapshot.values and not snapshot.next:
+            return  # finished before
+        start = None if snapshot.next else {"job_id": job_id, "next_index": 1}
+        app.invoke(start, config, context=ctx, durability="sync")

@@ -1,0 +1,121 @@
+"""Where the pool lives and how engines are configured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from optico.pool import db
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    for var in (db.ENV_URL, db.ENV_HOME, "XDG_DATA_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+def test_default_url_prefers_the_environment(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(db.ENV_URL, "postgresql://u@h/optico")
+    monkeypatch.setenv(db.ENV_HOME, str(clean_env / "ignored"))
+    assert db.default_database_url() == "postgresql://u@h/optico"
+    assert not (clean_env / "ignored").exists()
+
+
+def test_default_url_under_optico_home(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(db.ENV_HOME, str(clean_env / "oh"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(clean_env / "xdg"))
+    assert db.default_database_url() == f"sqlite:///{clean_env / 'oh' / 'optico.db'}"
+    assert (clean_env / "oh").is_dir()
+
+
+def test_default_url_under_xdg_data_home(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(clean_env / "xdg"))
+    assert db.default_database_url() == f"sqlite:///{clean_env / 'xdg' / 'optico' / 'optico.db'}"
+    assert (clean_env / "xdg" / "optico").is_dir()
+
+
+def test_default_url_under_home(clean_env: Path) -> None:
+    expected = clean_env / "home" / ".local" / "share" / "optico"
+    assert db.default_database_url() == f"sqlite:///{expected / 'optico.db'}"
+    assert expected.is_dir()
+
+
+@pytest.mark.parametrize("given", ["postgresql://u:pw@h:5433/d", "postgresql+psycopg://u:pw@h:5433/d",
+                                   "postgres://u:pw@h:5433/d", "postgresql+psycopg2://u:pw@h:5433/d"])
+def test_postgres_urls_normalise_to_psycopg(given: str) -> None:
+    url = db.normalize_url(given)
+    assert url.drivername == "postgresql+psycopg"
+    assert (url.username, url.password, url.host, url.port, url.database) == ("u", "pw", "h", 5433, "d")
+    assert db.langgraph_url(given) == "postgresql://u:pw@h:5433/d"
+
+
+def test_sqlite_langgraph_url_is_the_file_path(tmp_path: Path) -> None:
+    assert db.langgraph_url(f"sqlite:///{tmp_path}/x.db") == f"{tmp_path}/x.db"
+    assert db.langgraph_url("sqlite://") == ":memory:"
+
+
+def test_unsupported_backend_is_named() -> None:
+    with pytest.raises(ValueError, match="mysql"):
+        db.normalize_url("mysql://u@h/d")
+
+
+def test_sqlite_engine_pragmas(tmp_path: Path) -> None:
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'sub' / 'p.db'}")
+    try:
+        with engine.connect() as conn:
+            pragma = lambda name: conn.exec_driver_sql(f"PRAGMA {name}").scalar()  # noqa: E731
+            assert pragma("journal_mode") == "wal"
+            assert pragma("busy_timeout") == db.SQLITE_BUSY_TIMEOUT_MS
+            assert pragma("foreign_keys") == 1
+        assert (tmp_path / "sub" / "p.db").exists()
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_engine_is_usable_from_other_threads(tmp_path: Path) -> None:
+    import threading
+
+    engine = db.make_engine(f"sqlite:///{tmp_path / 't.db'}")
+    results: list[int] = []
+    try:
+        with engine.connect() as conn:  # a pooled connection made on this thread...
+            conn.execute(text("SELECT 1"))
+
+        def use() -> None:  # ...then checked out on another
+            with engine.connect() as conn:
+                results.append(conn.execute(text("SELECT 2")).scalar_one())
+
+        t = threading.Thread(target=use)
+        t.start()
+        t.join()
+        assert results == [2]
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_transactions_take_the_write_lock_at_begin(tmp_path: Path) -> None:
+    # A transaction that has only read already holds the write lock, so it can never
+    # fail later when it writes ("database is locked" on the read-to-write upgrade);
+    # other writers wait for it instead (here: time out at once).
+    import sqlite3
+
+    path = tmp_path / "l.db"
+    engine = db.make_engine(f"sqlite:///{path}")
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+        with engine.connect() as holder:
+            assert holder.exec_driver_sql("SELECT count(*) FROM t").scalar() == 0
+            raw = sqlite3.connect(path, timeout=0)
+            try:
+                with pytest.raises(sqlite3.OperationalError, match="locked"):
+                    raw.execute("INSERT INTO t VALUES (1)")
+            finally:
+                raw.close()
+            holder.rollback()
+    finally:
+        engine.dispose()

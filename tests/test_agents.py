@@ -1,0 +1,162 @@
+"""The offline reasoners, the guard and the simulator, on their own."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from optico.agents.analysis import RulesAnalysis, diagnose_health
+from optico.agents.contracts import AnalysisInput, Change, GenerationInput, HealthState, changes_text
+from optico.agents.failure import RulesFailureAnalysis
+from optico.agents.contracts import FailureInput
+from optico.agents.generation import RulesGeneration, repair
+from optico.guard import Guard, needs_at_least_as_much_memory
+from optico.launchers.sim import SimLauncher
+from optico.perfmodel.online import JobModel
+from optico.search_space import SearchSpace
+from optico.strategy import Strategy, strategy_from_mapping
+from optico.trial import Failure, FailureCategory, Metrics, Trial, TrialStatus
+from optico.workload import PRESETS, Cluster, Workload
+
+W = Workload(model=PRESETS["llama3-8b"], seq_length=8192, global_batch_size=512, precision="fp16",
+             cluster=Cluster(gpu="a100-80gb"))
+SPACE = SearchSpace.build(W, ["tp", "pp", "mbs", "sp", "recompute"], {"use_distributed_optimizer": True})
+
+
+def S(**kw) -> Strategy:
+    return strategy_from_mapping({"distributed_optimizer": True, **kw})
+
+
+def ok_trial(index: int, s: Strategy, mfu: float, mem: float = 50.0, util: float = 0.9) -> Trial:
+    return Trial(id=index, job_id=1, index=index, strategy=s, signature=s.signature(), status=TrialStatus.OK,
+                 metrics=Metrics(step_time_s=1.0, tflops_per_gpu=mfu * 312, mfu=mfu, tokens_per_s_per_gpu=1.0,
+                                 mem_max_gib=mem, mem_limit_gib=79.2, gpu_util_avg=util))
+
+
+def failed_trial(index: int, s: Strategy, category: FailureCategory) -> Trial:
+    return Trial(id=index, job_id=1, index=index, strategy=s, signature=s.signature(), status=TrialStatus.FAILED,
+                 failure=Failure(category=category, summary=f"{category.value}", confidence=90))
+
+
+OOM_LOG = """[rank0]: Traceback (most recent call last):
+[rank0]:   File "pretrain_gpt.py", line 291, in <module>
+[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB
+E1122 torch/distributed/elastic/multiprocessing/api.py:874] failed (exitcode: 1)"""
+
+
+@pytest.mark.parametrize("log,hint,attempts,category,retry,params,summary", [
+    (OOM_LOG, None, 1, FailureCategory.OOM, False, ["micro_batch_size"], "MICRO_BATCH_SIZE 4 caused CUDA OutOfMemoryError"),
+    ("[rank0]: AssertionError: Number of layers should be divisible by the pipeline-model-parallel size", None, 1,
+     FailureCategory.INVALID_CONFIG, False, ["pipeline_model_parallel_size"], "PP"),
+    ("[rank3]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, "
+     "OpType=ALLREDUCE) ran for 600081 milliseconds before timing out.", None, 1, FailureCategory.COMM_TIMEOUT,
+     True, [], "No parameter issue. RETRY"),
+    ("ray.exceptions.NodeDiedError: node 10.0.0.3 died", None, 1, FailureCategory.INFRASTRUCTURE, True, [],
+     "RETRY"),
+    ("iteration 2/13\nno output for 600 s: run killed (hang)", FailureCategory.HANG, 2, FailureCategory.HANG, False,
+     ["pipeline_model_parallel_size"], "repeated"),
+    ("Segmentation fault (core dumped)", None, 1, FailureCategory.UNKNOWN, False, [], "Potential underlying issue"),
+])
+def test_failure_analysis_forms(log, hint, attempts, category, retry, params, summary):
+    s = S(tp=2, pp=2, mbs=4)
+    f = RulesFailureAnalysis().diagnose(FailureInput(workload=W, strategy=s, reference=S(tp=2, pp=2, mbs=1),
+                                                     log=log, category_hint=hint, attempts=attempts))
+    assert f.category == category
+    assert f.retry is retry
+    assert f.params[: len(params)] == params
+    assert summary in f.summary
+    assert f"(Confidence: {f.confidence})" in f.summary
+    assert len(f.summary.split()) <= 31
+
+
+def test_failure_analysis_reads_first_error_first():
+    log = OOM_LOG + "\n[rank1]: Watchdog caught collective operation timeout"
+    f = RulesFailureAnalysis().diagnose(FailureInput(workload=W, strategy=S(tp=1, pp=2), log=log))
+    assert f.category == FailureCategory.OOM
+
+
+def test_health_states():
+    assert diagnose_health(ok_trial(1, S(tp=2), 0.6, mem=30, util=0.4), None)[0] == HealthState.SEVERELY_UNDERUTILIZED
+    assert diagnose_health(ok_trial(1, S(tp=1, pp=4), 0.45, mem=60), None)[0] == HealthState.HIGH_PP_OVERHEAD
+    assert diagnose_health(ok_trial(1, S(tp=2), 0.6, mem=77), None)[0] == HealthState.MEMORY_BOUND
+    assert diagnose_health(ok_trial(1, S(tp=2), 0.6, mem=50), None)[0] == HealthState.PERFORMANCE_TUNE
+
+
+def test_implied_oom():
+    oom = S(tp=2, pp=1, mbs=2)
+    assert needs_at_least_as_much_memory(S(tp=2, pp=1, mbs=4), oom)
+    assert not needs_at_least_as_much_memory(S(tp=2, pp=1, mbs=4, recompute="full"), oom)
+    assert not needs_at_least_as_much_memory(S(tp=2, pp=1, mbs=1), oom)
+    assert not needs_at_least_as_much_memory(S(tp=4, pp=1, mbs=2), oom)
+
+
+def test_guard_rules():
+    model = JobModel(W)
+    guard = Guard(W, SPACE, model)
+    history = [ok_trial(1, S(tp=2), 0.67), failed_trial(2, S(tp=2, mbs=2), FailureCategory.OOM)]
+    assert guard.check(S(tp=3), history).rule == "invalid"
+    assert guard.check(S(tp=2), history).rule == "duplicate"
+    assert guard.check(S(tp=2, mbs=4), history).rule == "implied-oom"
+    assert guard.check(S(tp=1, pp=1), history).rule == "predicted-oom"
+    assert guard.check(S(tp=2, cross_entropy_loss_fusion=True), history).rule == "outside-space"
+    assert guard.check(S(tp=4), history).admitted
+    # A known failure of an earlier job on the same workload counts too.
+    prior = [failed_trial(9, S(tp=4), FailureCategory.INVALID_CONFIG)]
+    assert guard.check(S(tp=4), history, prior).rule == "known-failure"
+
+
+def test_guard_respects_launcher_candidates():
+    guard = Guard(W, SPACE, JobModel(W), candidates=[S(tp=2), S(tp=4)])
+    assert guard.check(S(tp=8), []).rule == "not-measurable"
+    assert guard.check(S(tp=4), []).admitted
+
+
+def test_analysis_ranks_untried_admissible_suggestions():
+    model = JobModel(W)
+    guard = Guard(W, SPACE, model)
+    pool = list(SPACE.enumerate(W))
+    history = [ok_trial(1, S(tp=2), 0.67, mem=56)]
+    out = RulesAnalysis(model, guard, pool).analyze(AnalysisInput(
+        workload=W, search_space=SPACE, history=history, reference=S(tp=2), iteration=2))
+    assert out.health == HealthState.PERFORMANCE_TUNE
+    assert out.suggestions
+    texts = [s.text for s in out.suggestions]
+    assert all(t.startswith("Change ") and t.endswith(".") for t in texts)
+    assert S(tp=2).signature() not in {S(tp=2).changed(**{c.param: c.new for c in s.changes}).signature()
+                                       for s in out.suggestions}
+    predicted = [s.predicted_mfu for s in out.suggestions]
+    assert predicted[0] >= max(predicted) - 0.01  # the best first (ties broken by smaller moves)
+    assert "Step 1, health" in out.reasoning
+
+    gen = RulesGeneration().generate(GenerationInput(workload=W, search_space=SPACE, reference=S(tp=2),
+                                                     analysis=out))
+    assert gen.proposals and all(SPACE.contains(p.strategy) for p in gen.proposals)
+
+
+def test_changes_text_in_paper_form():
+    assert changes_text([Change(param="tensor_model_parallel_size", old=2, new=1)]) == "Change TP from 2 to 1."
+    assert changes_text([Change(param="tensor_model_parallel_size", old=2, new=1),
+                         Change(param="pipeline_model_parallel_size", old=1, new=2)]) == \
+        "Change TP from 2 to 1 and PP from 1 to 2."
+
+
+def test_repair_switches_off_coupled_flags():
+    s = repair(S(tp=2, sp=True).changed(tensor_model_parallel_size=1), SPACE)
+    assert not s.sequence_parallel
+
+
+def test_sim_launcher_realistic_and_repeatable():
+    sim = SimLauncher(seed=3, hang_rate=0.0)
+    good = asyncio.run(sim.launch(W, S(tp=2), trial_key="k1"))
+    again = asyncio.run(sim.launch(W, S(tp=2), trial_key="k1"))
+    assert good.ok and good.metrics.mfu == again.metrics.mfu
+    assert 0.4 < good.metrics.mfu < 0.9 and good.metrics.mem_max_gib < 79.2
+    oom = asyncio.run(sim.launch(W, S(tp=1, pp=1, mbs=4), trial_key="k2"))
+    assert not oom.ok and "torch.OutOfMemoryError: CUDA out of memory" in oom.log
+    bad = asyncio.run(sim.launch(W, Strategy(tensor_model_parallel_size=3), trial_key="k3"))
+    assert not bad.ok and "AssertionError: num_attention_heads (32) must be divisible by TP (3)" in bad.log
+    hangs = [asyncio.run(SimLauncher(seed=i, hang_rate=1.0).launch(W, S(tp=2), trial_key="h")) for i in range(6)]
+    assert all(not r.ok for r in hangs)
+    assert any(r.category_hint == FailureCategory.HANG for r in hangs)
+    assert any("Watchdog caught collective operation timeout" in r.log for r in hangs)

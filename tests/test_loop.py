@@ -1,0 +1,159 @@
+"""The tuning loop end to end on embedded defaults: SQLite, the simulator, the offline rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from optico.pool.store import SqlStore
+from optico.report import job_result
+from optico.runner import run_job
+from optico.spec import load_spec
+from optico.trial import TrialStatus
+from tests.conftest import EXAMPLES, optico_cmd
+
+
+def run_spec(spec, url: str) -> tuple[dict, SqlStore]:
+    store = SqlStore(url)
+    job_id = store.create_job(spec)
+    run_job(store, url, job_id)
+    return job_result(store, job_id), store
+
+
+def test_sim_job_end_to_end(db_url: str):
+    spec = load_spec(EXAMPLES / "llama3-8b-a100.yaml")
+    result, store = run_spec(spec, db_url)
+    assert result["status"] == "completed" and result["stop_reason"]
+    assert 1 <= len(result["trials"]) <= spec.budget.max_trials
+    assert result["best"]["mfu"] >= result["baseline"]["mfu"]
+    assert result["best"]["megatron_args"][0] == "--tensor-model-parallel-size"
+    signatures = [json.dumps(t["strategy"], sort_keys=True) for t in result["trials"] if "RETRY" not in t["rationale"]]
+    assert len(signatures) == len(set(signatures)), "a configuration was tried twice"
+    # every iteration left its agents' messages in the pool
+    kinds = {(m.agent, m.kind) for m in store.messages(result["job_id"])}
+    assert {("seed", "seed"), ("validation", "result"), ("analysis", "output"), ("generation", "output"),
+            ("guard", "verdict")} <= kinds
+    analysis = next(m for m in store.messages(result["job_id"]) if m.agent == "analysis")
+    assert analysis.content["health"] in {"SEVERELY_UNDERUTILIZED", "HIGH_PP_OVERHEAD", "MEMORY_BOUND",
+                                          "PERFORMANCE_TUNE"}
+    assert analysis.content["suggestions"][0]["changes"]
+    events = [e.kind for e in store.events(result["job_id"])]
+    assert events.count("trial_done") == len(result["trials"]) and events[-1] == "job_done"
+    for t in result["trials"]:
+        assert t["status"] in ("ok", "failed")
+        if t["status"] == "failed":
+            assert t["failure"]["summary"] and 0 <= t["failure"]["confidence"] <= 100
+    store.close()
+
+
+def test_replay_example_finds_table_best(db_url: str):
+    """GBS 512 rows: twelve configurations, three OOM; the best is TP1/PP2/MBS1 at 68 %."""
+    spec = load_spec(EXAMPLES / "llama3-8b-a100-replay.yaml")
+    result, store = run_spec(spec, db_url)
+    best = result["best"]
+    assert best["mfu"] == pytest.approx(0.68)
+    assert (best["strategy"]["tensor_model_parallel_size"], best["strategy"]["pipeline_model_parallel_size"],
+            best["strategy"]["micro_batch_size"]) == (1, 2, 1)
+    assert best["trial"] <= 8
+    ooms = [t for t in result["trials"] if t["failure"] and t["failure"]["category"] == "oom"]
+    assert len(ooms) <= 1
+    assert not any(t["failure"] and t["failure"]["category"] == "not_measured" for t in result["trials"])
+    store.close()
+
+
+def test_warm_start_uses_earlier_jobs(db_url: str):
+    spec = load_spec(EXAMPLES / "llama3-8b-a100.yaml")
+    spec = spec.model_copy(update={"baseline": None, "budget": spec.budget.model_copy(update={"max_trials": 6})})
+    first, store = run_spec(spec, db_url)
+    job2 = store.create_job(spec)
+    run_job(store, db_url, job2)
+    second = job_result(store, job2)
+    assert second["trials"][0]["strategy"] == first["best"]["strategy"]
+    assert "warm start" in second["trials"][0]["rationale"]
+    first_failures = {json.dumps(t["strategy"], sort_keys=True) for t in first["trials"] if t["status"] == "failed"
+                      and t["failure"]["category"] == "oom"}
+    assert not first_failures & {json.dumps(t["strategy"], sort_keys=True) for t in second["trials"]}
+    store.close()
+
+
+def _running_trial(db: Path, index: int) -> bool:
+    if not db.exists():
+        return False
+    try:
+        with sqlite3.connect(db, timeout=5) as conn:
+            row = conn.execute("SELECT status FROM optico_trials WHERE \"index\" = ?", (index,)).fetchone()
+    except sqlite3.OperationalError:
+        return False
+    return bool(row) and row[0] == "running"
+
+
+@pytest.mark.slow
+def test_sigkill_mid_trial_then_resume(tmp_path: Path, cli_env: dict):
+    """Kill `optico tune` with SIGKILL during trial 3; --resume finishes with the exact trial count,
+    no duplicated configuration and no lost result — the same trials an uninterrupted run makes."""
+    spec_text = (EXAMPLES / "llama3-8b-a100.yaml").read_text().replace(
+        "budget: {max_trials: 20}", "budget: {max_trials: 6, converge_tol: null}").replace(
+        "launcher: {kind: sim}", "launcher: {kind: sim, delay_s: 1.0, hang_rate: 0.0}")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(spec_text)
+    db = tmp_path / "pool.db"
+    proc = subprocess.Popen(optico_cmd("tune", str(spec)), env=cli_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 180
+    while not _running_trial(db, 3):
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline, "trial 3 never started"
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert _running_trial(db, 3), "the kill should leave trial 3 unfinished"
+
+    resumed = subprocess.run(optico_cmd("tune", "--resume", "1", "--json", str(tmp_path / "r.json")), env=cli_env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert [t["index"] for t in result["trials"]] == [1, 2, 3, 4, 5, 6]
+    assert all(t["status"] in ("ok", "failed") for t in result["trials"])
+    sigs = [json.dumps(t["strategy"], sort_keys=True) for t in result["trials"]]
+    assert len(set(sigs)) == 6
+
+    # An uninterrupted run with the same seed makes exactly the same trials with the same results.
+    env2 = dict(cli_env, OPTICO_DATABASE_URL=f"sqlite:///{tmp_path / 'clean.db'}")
+    clean = subprocess.run(optico_cmd("tune", str(spec), "--json", str(tmp_path / "c.json")), env=env2,
+                           capture_output=True, text=True, timeout=300)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    reference = json.loads((tmp_path / "c.json").read_text())
+    assert [t["strategy"] for t in reference["trials"]] == [t["strategy"] for t in result["trials"]]
+    assert [t["metrics"] for t in reference["trials"]] == [t["metrics"] for t in result["trials"]]
+
+
+def test_cli_tune_json_and_jobs_commands(tmp_path: Path, cli_env: dict):
+    out = tmp_path / "result.json"
+    proc = subprocess.run(optico_cmd("tune", str(EXAMPLES / "llama3-8b-a100.yaml"), "--max-trials", "5",
+                                     "--seed", "4", "--json", str(out)),
+                          env=cli_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "best MFU" in proc.stdout and "--tensor-model-parallel-size" in proc.stdout
+    result = json.loads(out.read_text())
+    assert set(result) >= {"job_id", "status", "baseline", "best", "trials"}
+    assert set(result["best"]) >= {"strategy", "mfu", "tflops_per_gpu", "megatron_args"}
+    assert set(result["trials"][0]) >= {"index", "strategy", "status", "metrics", "failure", "rationale"}
+    assert set(result["trials"][0]["metrics"]) == {"mfu", "tflops_per_gpu", "step_time_s",
+                                                   "tokens_per_s_per_gpu", "mem_max_gib"}
+    assert len(result["trials"]) <= 5
+    listed = subprocess.run(optico_cmd("jobs", "list"), env=cli_env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and "llama3-8b-a100" in listed.stdout
+    shown = subprocess.run(optico_cmd("jobs", "show", str(result["job_id"]), "--messages"), env=cli_env,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "analysis" in shown.stdout and "Change " in shown.stdout
+    missing = subprocess.run(optico_cmd("jobs", "show", "999"), env=cli_env, capture_output=True, text=True,
+                             timeout=120)
+    assert missing.returncode == 2 and "no job 999" in missing.stderr

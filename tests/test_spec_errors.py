@@ -1,0 +1,80 @@
+"""Malformed or impossible specs: one-line error naming the field, exit code 2, nothing in the pool."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import optico_cmd
+
+GOOD = """
+name: t
+workload:
+  model: llama3-8b
+  seq_length: 8192
+  global_batch_size: 512
+  precision: bf16
+  cluster: {gpu: a100-80gb, gpus_per_node: 8, nodes: 1}
+search_space:
+  tunables: [tp, pp, mbs]
+  fixed: {use_distributed_optimizer: true}
+"""
+
+# (spec text, the field the error must name, a word of the reason)
+CASES = [
+    ("workload: [unclosed", "not valid YAML", "line"),
+    ("- just\n- a list\n", "must be a mapping", "list"),
+    (GOOD.replace("model: llama3-8b", "model: llama9-1t"), "workload.model", "unknown preset"),
+    (GOOD.replace("seq_length: 8192", "seq_length: -4096"), "workload.seq_length", "greater than 0"),
+    (GOOD.replace("global_batch_size: 512", "global_batch_size: 0"), "workload.global_batch_size", "greater than 0"),
+    (GOOD.replace("precision: bf16", "precision: fp64"), "workload.precision", "bf16"),
+    (GOOD.replace("gpu: a100-80gb", "gpu: x100"), "workload.cluster", "unknown GPU"),
+    (GOOD.replace("nodes: 1}", "nodes: 1, num_gpus: 16}"), "workload.cluster", "more than the cluster has"),
+    (GOOD.replace("gpus_per_node: 8", "gpus_per_node: -8"), "workload.cluster.gpus_per_node", "greater than 0"),
+    (GOOD.replace("model: llama3-8b", "model: {preset: llama3-8b, num_attention_heads: 30, num_query_groups: 30, "
+                                      "kv_channels: 128}")
+     .replace("tunables: [tp, pp, mbs]", "tunables: {tp: [4, 8], pp: [1], mbs: [1]}"),
+     "search_space.tunables.tensor_model_parallel_size", "num_attention_heads (30)"),
+    (GOOD.replace("global_batch_size: 512", "global_batch_size: 3")
+     .replace("tunables: [tp, pp, mbs]", "tunables: {tp: [1, 2], pp: [1], mbs: [1, 2]}"),
+     "workload.global_batch_size", "not divisible"),
+    (GOOD.replace("tunables: [tp, pp, mbs]", "tunables: [tp, pp, turbo_mode]"), "search_space.tunables",
+     "unknown strategy parameter 'turbo_mode'"),
+    (GOOD.replace("tunables: [tp, pp, mbs]", "tunables: {tp: [1, -2]}"), "search_space.tunables.tp",
+     "not a valid tensor_model_parallel_size"),
+    (GOOD + "baseline: {tp: 3, pp: 1, mbs: 1}\n", "baseline.tensor_model_parallel_size", "divisible"),
+    (GOOD + "baseline: {tp: 2, pp: 1, mbs: 1, warp_speed: 9}\n", "baseline", "unknown strategy parameter"),
+    (GOOD + "budget: {max_trials: 0}\n", "budget.max_trials", "greater than 0"),
+    (GOOD + "budget: {target_mfu: 1.5}\n", "budget.target_mfu", "less than or equal to 1"),
+    (GOOD + "launcher: {kind: slurm}\n", "launcher.kind", "sim"),
+    (GOOD + "launcher: {kind: replay}\n", "launcher.data", "replay launcher needs"),
+    (GOOD + "launcher: {kind: replay, data: nowhere.csv}\n", "launcher.data", "no such file"),
+    (GOOD + "colour: blue\n", "colour", "unknown field"),
+    (GOOD.replace("workload:", "workload:\n  tokenizer: gpt2"), "workload.tokenizer", "unknown field"),
+    (GOOD + "reasoner: {analysis: magic}\n", "reasoner.analysis", "rules"),
+    (GOOD.replace("seq_length: 8192", "seq_length: 8192\n  extra_layers: 3"), "workload.extra_layers",
+     "unknown field"),
+]
+
+
+@pytest.mark.parametrize("text,field,reason", CASES, ids=[c[1] + ":" + c[2][:20] for c in CASES])
+def test_bad_spec_exits_2_naming_the_field(tmp_path: Path, cli_env: dict, text: str, field: str, reason: str):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    proc = subprocess.run(optico_cmd("tune", str(spec)), env=cli_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    message = " ".join(proc.stderr.split())
+    assert message.startswith("error:"), message
+    assert field in message and reason in message, message
+    assert len(proc.stderr.strip().splitlines()) <= 2, proc.stderr  # one line (rich may wrap once)
+    assert not (tmp_path / "pool.db").exists(), "nothing may be written to the pool"
+
+
+def test_missing_spec_file(tmp_path: Path, cli_env: dict):
+    proc = subprocess.run(optico_cmd("tune", str(tmp_path / "nope.yaml")), env=cli_env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "no such spec file" in proc.stderr
+    assert not (tmp_path / "pool.db").exists()

@@ -1,0 +1,158 @@
+"""Strategy identity and rendering, Megatron's validity rules, the search space."""
+
+from __future__ import annotations
+
+import pytest
+
+from optico.rules import InvalidStrategy, check, violations
+from optico.search_space import SearchSpace
+from optico.strategy import Strategy, canonical_field, strategy_from_mapping
+from optico.workload import PRESETS, Cluster, Workload
+
+
+def llama8b(gbs: int = 512, seq: int = 8192, nodes: int = 1) -> Workload:
+    return Workload(model=PRESETS["llama3-8b"], seq_length=seq, global_batch_size=gbs, precision="bf16",
+                    cluster=Cluster(gpu="a100-80gb", gpus_per_node=8, nodes=nodes))
+
+
+def test_signature_is_canonical():
+    a = Strategy(tensor_model_parallel_size=2, virtual_pipeline_model_parallel_size=1)
+    b = Strategy(tensor_model_parallel_size=2)
+    assert a.signature() == b.signature()
+    # recompute details mean nothing without full recompute
+    c = Strategy(recompute_granularity="selective")
+    assert c.signature() == Strategy(recompute_granularity="selective", recompute_num_layers=None).signature()
+    assert Strategy(recompute_granularity="full").signature() == \
+        Strategy(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1).signature()
+    assert a.signature() != Strategy(tensor_model_parallel_size=4).signature()
+
+
+def test_megatron_args_render_every_knob():
+    s = strategy_from_mapping({"tp": 2, "pp": 4, "vpp": 2, "mbs": 2, "sp": True, "recompute": "full",
+                               "distributed_optimizer": True, "overlap_grad_reduce": True,
+                               "overlap_param_gather": True, "cross_entropy_loss_fusion": True,
+                               "decoder_first_pipeline_num_layers": 2})
+    args = s.megatron_args()
+    joined = " ".join(args)
+    for flag in ["--tensor-model-parallel-size 2", "--pipeline-model-parallel-size 4",
+                 "--num-virtual-stages-per-pipeline-rank 2", "--micro-batch-size 2", "--sequence-parallel",
+                 "--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1",
+                 "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                 "--cross-entropy-loss-fusion", "--decoder-first-pipeline-num-layers 2"]:
+        assert flag in joined, flag
+
+
+def test_aliases_and_paper_names():
+    assert canonical_field("TP") == "tensor_model_parallel_size"
+    assert canonical_field("MICRO_BATCH_SIZE") == "micro_batch_size"
+    assert canonical_field("overlap-grad-reduce") == "overlap_grad_reduce"
+    with pytest.raises(KeyError, match="unknown strategy parameter"):
+        canonical_field("warp")
+
+
+@pytest.mark.parametrize("updates,param,text", [
+    ({"tensor_model_parallel_size": 3}, "tensor_model_parallel_size", "num_attention_heads (32) must be divisible by TP (3)"),
+    ({"pipeline_model_parallel_size": 3}, "pipeline_model_parallel_size", "world size (8) must be divisible"),
+    ({"micro_batch_size": 3}, "micro_batch_size", "global_batch_size (512) must be divisible by MICRO_BATCH_SIZE·DP"),
+    ({"sequence_parallel": True}, "sequence_parallel", "sequence parallelism needs TP > 1"),
+    ({"overlap_param_gather": True, "overlap_grad_reduce": True}, "overlap_param_gather",
+     "overlap param gather needs the distributed optimizer"),
+    ({"virtual_pipeline_model_parallel_size": 2}, "virtual_pipeline_model_parallel_size", "VPP (2) needs PP > 1"),
+    ({"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 2, "batch_p2p_comm": True},
+     "batch_p2p_comm", "must not be combined with batched p2p"),
+    ({"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2, "overlap_p2p_comm": False},
+     "overlap_p2p_comm", "needs PP > 2"),
+    ({"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 3},
+     "virtual_pipeline_model_parallel_size", "layers per pipeline rank (8) must be divisible by VPP (3)"),
+    ({"expert_model_parallel_size": 2}, "expert_model_parallel_size", "needs an MoE model"),
+    ({"tp_comm_overlap": True, "tensor_model_parallel_size": 2}, "tp_comm_overlap", "needs sequence parallelism"),
+    ({"pipeline_model_parallel_size": 4, "decoder_first_pipeline_num_layers": 6},
+     "decoder_first_pipeline_num_layers", "middle layers (26) must be divisible by the 3 middle"),
+    ({"decoder_last_pipeline_num_layers": 4}, "decoder_last_pipeline_num_layers", "need PP > 1"),
+    ({"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 40},
+     "recompute_num_layers", "between 1 and the layers per pipeline chunk (32)"),
+])
+def test_rules_name_parameters_and_rule(updates, param, text):
+    w = llama8b()
+    found = violations(w, Strategy().changed(**updates) if "recompute_num_layers" not in updates
+                       else Strategy.model_validate(updates))
+    assert found, updates
+    assert any(param in v.params for v in found), found
+    if text:
+        assert any(text in v.message for v in found), [v.message for v in found]
+
+
+def test_query_groups_must_divide_or_be_divided_by_tp():
+    from optico.workload import ModelArch
+    m = ModelArch(num_layers=4, hidden_size=1536, num_attention_heads=24, num_query_groups=6, ffn_hidden_size=4096,
+                  vocab_size=32000)
+    w = Workload(model=m, seq_length=4096, global_batch_size=64, cluster=Cluster(gpu="h100-sxm"))
+    found = violations(w, Strategy(tensor_model_parallel_size=4))
+    assert any("num_query_groups (6) must be a multiple or divisor of TP (4)" in v.message for v in found)
+    assert not violations(w, Strategy(tensor_model_parallel_size=2))
+
+
+def test_cp_needs_seq_divisible_by_2cp():
+    w = llama8b(seq=8200)
+    found = violations(w, Strategy(context_parallel_size=8))
+    assert any("seq_length (8200) must be divisible by 2·CP (16)" in v.message for v in found)
+
+
+def test_moe_rules():
+    w = Workload(model=PRESETS["mixtral-8x7b"], seq_length=4096, global_batch_size=256,
+                 cluster=Cluster(gpu="h100-sxm", gpus_per_node=8, nodes=2))
+    assert any("num_experts (8) must be divisible by EP (16)" in v.message
+               for v in violations(w, Strategy(expert_model_parallel_size=16)))
+    assert any("EP (8) must divide DP·CP" in v.message
+               for v in violations(w, Strategy(tensor_model_parallel_size=4, expert_model_parallel_size=8,
+                                               sequence_parallel=True)))
+    assert any("needs sequence parallelism" in v.message
+               for v in violations(w, Strategy(tensor_model_parallel_size=2, expert_model_parallel_size=2)))
+    assert not violations(w, Strategy(tensor_model_parallel_size=2, expert_model_parallel_size=8,
+                                      sequence_parallel=True, use_distributed_optimizer=True))
+
+
+def test_interleaved_schedule_needs_microbatches_divisible_by_pp():
+    w = llama8b(gbs=12)
+    s = Strategy(pipeline_model_parallel_size=8, virtual_pipeline_model_parallel_size=2)
+    assert any("number of micro-batches (12) divisible by PP (8)" in v.message for v in violations(w, s))
+
+
+def test_check_raises_with_all_params():
+    with pytest.raises(InvalidStrategy) as info:
+        check(llama8b(), Strategy(tensor_model_parallel_size=3, sequence_parallel=False))
+    assert "tensor_model_parallel_size" in info.value.params
+
+
+def test_uneven_pipeline_valid():
+    w = llama8b()
+    assert not violations(w, Strategy(pipeline_model_parallel_size=4, decoder_first_pipeline_num_layers=6,
+                                      decoder_last_pipeline_num_layers=8))
+
+
+def test_search_space_enumerates_only_valid_unique():
+    w = llama8b()
+    space = SearchSpace.build(w, ["tp", "pp", "mbs", "sp"], {"use_distributed_optimizer": True})
+    found = list(space.enumerate(w))
+    assert found
+    assert len({s.signature() for s in found}) == len(found)
+    assert all(not violations(w, s) for s in found)
+    assert all(s.use_distributed_optimizer for s in found)
+    # SP only with TP > 1
+    assert not any(s.sequence_parallel and s.tp == 1 for s in found)
+
+
+def test_search_space_outside_reasons():
+    w = llama8b()
+    space = SearchSpace.build(w, {"tp": [1, 2]}, {"use_distributed_optimizer": True})
+    assert space.contains(Strategy(tensor_model_parallel_size=2, use_distributed_optimizer=True))
+    reasons = space.outside(Strategy(tensor_model_parallel_size=4, use_distributed_optimizer=True))
+    assert reasons and "tensor_model_parallel_size=4 is not in its domain" in reasons[0]
+    assert "fixed at true" in space.outside(Strategy(tensor_model_parallel_size=2))[0]
+
+
+def test_presets_have_known_sizes():
+    assert abs(PRESETS["llama3-8b"].num_params() / 1e9 - 8.03) < 0.05
+    assert abs(PRESETS["llama3-70b"].num_params() / 1e9 - 70.55) < 0.2
+    assert abs(PRESETS["mixtral-8x7b"].num_params() / 1e9 - 46.7) < 0.2
+    assert abs(PRESETS["qwen3-30b-a3b"].num_params() / 1e9 - 30.5) < 0.2
