@@ -78,6 +78,15 @@ def test_set_job_status_keeps_unspecified_fields(store: SqlStore) -> None:
     assert store.get_job(job_id).stop_reason == "budget"
 
 
+def test_set_job_status_moves_updated_at(store: SqlStore) -> None:
+    job_id = store.create_job(make_spec())
+    old = datetime(2020, 1, 1, tzinfo=timezone.utc)
+    with store.engine.begin() as conn:
+        conn.execute(update(JobRow).where(JobRow.id == job_id).values(updated_at=old))
+    store.set_job_status(job_id, JobStatus.RUNNING)
+    assert store.get_job(job_id).updated_at > old
+
+
 def test_best_trial_of_another_job_is_refused_and_nothing_is_written(store: SqlStore) -> None:
     a, b = store.create_job(make_spec("a")), store.create_job(make_spec("b"))
     other = store.start_trial(b, 1, TP2)

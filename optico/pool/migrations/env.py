@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, text
 
-from optico.pool.db import default_database_url, make_engine
+from optico.pool.db import default_database_url, make_engine, normalize_url
 from optico.pool.models import Base
 from optico.pool.schema import ADVISORY_LOCK_ID, include_name
 
@@ -46,7 +46,7 @@ def _run(connection: Connection) -> None:
 
 def run_migrations_offline() -> None:
     """`alembic upgrade --sql`: print the DDL instead of running it."""
-    url = config.get_main_option("sqlalchemy.url") or default_database_url()
+    url = normalize_url(config.get_main_option("sqlalchemy.url") or default_database_url())
     context.configure(url=url, target_metadata=target_metadata, include_name=include_name,
                       literal_binds=True, dialect_opts={"paramstyle": "named"})
     with context.begin_transaction():
