@@ -86,18 +86,6 @@ def test_check_prints_the_plan_without_running(tmp_path):
     assert plan["etp"] == 1 and plan["device"] == "cpu"  # expert TP forced to 1 under gloo
 
 
-@pytest.mark.skipif(not HAVE_STACK, reason="torch and megatron-core are needed")
-def test_check_reports_invalid_config_as_an_error_line(tmp_path):
-    path = bench.write_spec(tmp_path / "spec.json", _workload(2), Strategy(tensor_model_parallel_size=3))
-    env = dict(os.environ, PYTHONPATH=str(REPO), WORLD_SIZE="2", PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-m", "optico.launchers.megatron.bench", "--spec-json", str(path),
-                           "--check"], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1
-    e = report.parse_output(proc.stdout)["errors"][0]
-    assert e["category"] == "invalid_config" and "tensor_model_parallel_size" in e["params"]
-    assert "TP (3)" in e["message"]
-
-
 def test_bad_spec_file_is_an_error_line(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     env = dict(os.environ, PYTHONPATH=str(REPO))

@@ -349,12 +349,13 @@ class _Run:
         if cuda:
             sampler.open(torch.cuda.current_device())
         losses: list[float | None] = []
-        step, skipped = 0, 0
+        step, skipped, sampling = 0, 0, False
         self.t_ready = time.perf_counter()
         while True:
             timed = step >= spec.warmup
-            if timed and not stopper.times:
+            if timed and not sampling:
                 sampler.start()
+                sampling = True
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -372,7 +373,7 @@ class _Run:
             # time as the slowest rank saw it, over the host group.
             local = torch.zeros(2, dtype=torch.float64)
             if report_loss and reduced:
-                local += torch.stack([r["lm loss"].double().cpu() for r in reduced]).sum(0)
+                local += torch.stack([r["lm loss"] for r in reduced]).sum(0).double().cpu()
             stats = torch.tensor([dt], dtype=torch.float64)
             dist.all_reduce(local, group=self.stats_group)
             dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=self.stats_group)
@@ -537,6 +538,14 @@ def _slice_for_cp(batch: dict[str, Any], cp: int, cp_rank: int) -> dict[str, Any
     return out
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     # Megatron-LM's launch scripts: one CUDA work queue so TP/SP communication overlaps in
     # issue order. Must be set before CUDA initialises; a launcher may override it.
@@ -544,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if "WORLD_SIZE" not in os.environ:  # plain `python -m ...`: a one-process group on this host
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
     args = _parser().parse_args(argv)
     run: _Run | None = None
     try:
@@ -574,4 +586,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is torn down already; skip the interpreter's ~1 s of module finalisation.
+    os._exit(code)

@@ -12,8 +12,9 @@ Rules:
   nothing when ``torch.cuda.is_available()``. GPU runs never see these patches.
 - Each patch says what it replaces. Patches are process-wide: the benchmark process is the
   only thing running in this interpreter.
-- Configuration choices that CPU forces (expert TP 1, no torch.compile'd fusions) live in
-  `config_overrides`, also here, so one module holds every CPU decision.
+- Configuration choices that CPU forces (expert TP 1, no pseudo-deallocation of pipeline
+  outputs) live in `config_overrides` / `plan_overrides`, also here, so one module holds
+  every CPU decision.
 
 Workarounds that are about a missing Transformer Engine rather than a missing GPU (an
 SP-capable norm, SDPA attention, ``te_general_gemm`` in 0.16.1) live in `layers` and `compat`
@@ -369,6 +370,22 @@ def _stub_triton_paged_stash() -> None:
 
 
 # ---------------------------------------------------------------------------------------
+# compilation
+
+
+def _patch_compile() -> None:
+    # Replaces: torch.compile, which megatron.core.jit.jit_fuser is bound to at import (fused
+    # bias-SwiGLU/GeLU, bias-dropout-add, cross-entropy pieces...). On CPU, Inductor's C++
+    # build takes tens of seconds per function for a run of a few steps; the undecorated
+    # functions compute the same thing, so the fused code paths still run, eagerly.
+    def compile(model=None, **kwargs):
+        return model if model is not None else (lambda fn: fn)
+
+    torch.compile = compile
+    APPLIED.append("torch.compile -> identity (megatron jit_fuser runs eagerly)")
+
+
+# ---------------------------------------------------------------------------------------
 # configuration decided by the absence of CUDA
 
 
@@ -378,12 +395,6 @@ def config_overrides(kw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     if not _active:
         return kw
     kw = dict(kw)
-    # megatron.core.jit.jit_fuser is torch.compile: on CPU it would spend the whole run in
-    # Inductor's C++ compiler. The unfused paths compute the same thing.
-    for key in ("bias_activation_fusion", "bias_dropout_fusion", "masked_softmax_fusion",
-                "apply_rope_fusion", "gradient_accumulation_fusion", "persist_layer_norm"):
-        if kw.get(key):
-            kw[key] = False
     # Megatron frees a stage's output right after handing it to isend (pseudo-deallocation);
     # NCCL has read it by then in stream order, gloo sends asynchronously from the freed
     # buffer, so the interleaved schedule's overlapped sends carried garbage (NaN by step 4).
@@ -421,6 +432,7 @@ def install() -> list[str]:
     _patch_cuda_runtime()
     _patch_cuda_rng()
     _patch_collectives()
+    _patch_compile()
     _patch_megatron_rng()
     _active = True
     return list(APPLIED)
