@@ -2,7 +2,8 @@
 
 One thread per job ("optico-job-<id>"): a killed process resumes the job where it
 stopped. SQLite shares the pool's file (WAL); PostgreSQL gets the plain
-postgresql:// URL the PostgresSaver wants, on an autocommit connection.
+postgresql:// URL the PostgresSaver wants. LangGraph's tables (checkpoints, writes,
+checkpoint_*) never collide with the pool's optico_* tables.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
-from sqlalchemy.engine import make_url
+
+from optico.pool.db import is_sqlite, langgraph_url
 
 
 def thread_config(job_id: int) -> dict:
@@ -22,12 +24,11 @@ def thread_config(job_id: int) -> dict:
 @contextmanager
 def open_checkpointer(database_url: str) -> Iterator[BaseCheckpointSaver]:
     """A checkpointer on `database_url` (the pool's URL), closed on exit."""
-    url = make_url(database_url)
-    if url.get_backend_name() == "sqlite":
+    target = langgraph_url(database_url)
+    if is_sqlite(database_url):
         from langgraph.checkpoint.sqlite import SqliteSaver
 
-        path = url.database or ":memory:"
-        conn = sqlite3.connect(path, check_same_thread=False, timeout=30)
+        conn = sqlite3.connect(target, check_same_thread=False, timeout=30)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA busy_timeout=30000")
         try:
@@ -37,12 +38,8 @@ def open_checkpointer(database_url: str) -> Iterator[BaseCheckpointSaver]:
         finally:
             conn.close()
         return
-    if url.get_backend_name() == "postgresql":
-        from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.checkpoint.postgres import PostgresSaver
 
-        plain = url.set(drivername="postgresql").render_as_string(hide_password=False)
-        with PostgresSaver.from_conn_string(plain) as saver:
-            saver.setup()
-            yield saver
-        return
-    raise ValueError(f"OPTICO_DATABASE_URL: no LangGraph checkpointer for {url.get_backend_name()!r}")
+    with PostgresSaver.from_conn_string(target) as saver:
+        saver.setup()
+        yield saver

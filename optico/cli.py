@@ -170,6 +170,7 @@ def tune(
         result = job_result(store, job_id)
         _summary(result)
         if json_path:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
             json_path.write_text(json.dumps(result, indent=2) + "\n")
             console.print(f"result written to {json_path}")
     finally:
@@ -222,6 +223,71 @@ def jobs_show(job_id: int, messages: bool = typer.Option(False, "--messages", he
                     console.print(msg.text, highlight=False)
                 console.print_json(json.dumps(content, default=str))
         _summary(result)
+
+
+def _figures_table(title: str, report: dict[str, Any]) -> Table:
+    table = Table("file", "rows", "skipped", "OOM/fit acc.", "MFU MdAPE", "mem MdAPE", "Spearman", title=title)
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    for name, f in [*report["files"].items(), ("overall", report["overall"])]:
+        table.add_row(name, str(f["rows"]), str(f["skipped"]), pct(f["oom_accuracy"]), pct(f["mfu_median_ape"]),
+                      pct(f["mem_median_ape"]), "-" if f["spearman"] is None else f"{f['spearman']:.2f}")
+    return table
+
+
+@perf_app.command("evaluate")
+def perfmodel_evaluate(
+    data: list[Path] = typer.Option(..., "--data", help="Replay CSV file(s) of measured runs."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", envvar="OPTICO_CALIBRATION",
+                                               help="Constants to evaluate (default: the shipped calibration)."),
+) -> None:
+    """Compare the model's predictions with measured runs: fit/OOM accuracy, MFU and memory error, rank correlation."""
+    from optico.perfmodel.constants import load_constants
+    from optico.perfmodel.evaluate import evaluate_files
+
+    for path in data:
+        if not path.is_file():
+            _fail(f"--data: no such file: {path}")
+    try:
+        report = evaluate_files(data, load_constants(calibration))
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps({"files": report["files"], "overall": report["overall"]}, indent=2))
+        return
+    console.print(_figures_table("performance model vs measurements", report))
+    for name, d in report["details"].items():
+        if d["skip_reasons"]:
+            reasons = ", ".join(f"{k} ({v})" for k, v in list(d["skip_reasons"].items())[:4])
+            console.print(f"[dim]{name}: skipped — {reasons}[/]", highlight=False)
+
+
+@perf_app.command("calibrate")
+def perfmodel_calibrate(
+    data: list[Path] = typer.Option(..., "--data", help="Replay CSV file(s) to fit on."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the fitted constants here (JSON)."),
+    max_evals: int = typer.Option(40, "--max-evals", help="Least-squares evaluations (each predicts every row)."),
+    field: Optional[list[str]] = typer.Option(None, "--field", help="Fit only these constants (repeatable)."),
+) -> None:
+    """Fit the model's free constants to measured rows; report evaluate's figures before and after."""
+    from optico.perfmodel.calibrate import calibrate
+
+    for path in data:
+        if not path.is_file():
+            _fail(f"--data: no such file: {path}")
+    try:
+        result = calibrate(data, fields=field or None, max_nfev=max_evals)
+    except (KeyError, ValueError) as exc:
+        _fail(str(exc.args[0] if exc.args else exc))
+    console.print(_figures_table("before", result.before))
+    console.print(_figures_table("after", result.after))
+    console.print(f"cost {result.cost_before:.4f} -> {result.cost_after:.4f}")
+    if out:
+        result.constants.save(out)
+        console.print(f"constants written to {out}; select them with OPTICO_CALIBRATION={out}")
 
 
 @db_app.command("upgrade")

@@ -40,13 +40,18 @@ ADMIT = Verdict(True)
 _TRANSIENT = {FailureCategory.INFRASTRUCTURE, FailureCategory.HANG, FailureCategory.COMM_TIMEOUT}
 
 
+_LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+           "expert_model_parallel_size", "virtual_pipeline_model_parallel_size",
+           "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+# A configuration sharing a known OOM's layout must save at least this share of GPU memory (by the
+# model) to be worth a launch: the OOM says memory was already over the limit by an unknown amount.
+SMALL_SAVING = 0.03
+
+
 def needs_at_least_as_much_memory(candidate: Strategy, oom: Strategy) -> bool:
     """True when `candidate` keeps `oom`'s parallel layout and saves no memory anywhere."""
     a, b = candidate.normalized(), oom.normalized()
-    layout = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-              "expert_model_parallel_size", "virtual_pipeline_model_parallel_size",
-              "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
-    if any(getattr(a, f) != getattr(b, f) for f in layout):
+    if any(getattr(a, f) != getattr(b, f) for f in _LAYOUT):
         return False
     return (a.micro_batch_size >= b.micro_batch_size
             and recompute_level(a) <= recompute_level(b)
@@ -95,15 +100,25 @@ class Guard:
                 continue
             if t.signature == sig and t.failure.category not in _TRANSIENT and not retry:
                 return Verdict(False, "known-failure", f"failed before ({t.failure.summary})")
-            if t.failure.category == FailureCategory.OOM and t.signature != sig and \
-                    needs_at_least_as_much_memory(s, t.strategy):
-                return Verdict(False, "implied-oom", f"needs at least the memory of {t.strategy.short()}, "
-                                                     f"which ran out of memory")
+            if t.failure.category == FailureCategory.OOM and t.signature != sig:
+                if needs_at_least_as_much_memory(s, t.strategy):
+                    return Verdict(False, "implied-oom", f"needs at least the memory of {t.strategy.short()}, "
+                                                         f"which ran out of memory")
+                saving = self._saving(s, t.strategy)
+                if saving is not None and saving < SMALL_SAVING * self.model.limit_gib:
+                    return Verdict(False, "implied-oom", f"same layout as {t.strategy.short()}, which ran out of "
+                                                         f"memory, and saves only {saving:.1f} GiB")
         if self.model.predicted_oom(s):
             return Verdict(False, "predicted-oom",
                            f"predicted {self.model.mem_gib(s):.1f} GiB > {self.model.limit_gib:.1f} GiB "
                            f"limit (+{self.model.constants.oom_margin:.0%} margin)")
         return ADMIT
+
+    def _saving(self, s: Strategy, oom: Strategy) -> float | None:
+        """GiB the model expects `s` to save over `oom` when both share a parallel layout, else None."""
+        if any(getattr(s, f) != getattr(oom, f) for f in _LAYOUT):
+            return None
+        return self.model.base(oom).mem_gib - self.model.base(s).mem_gib
 
     def admissible(self, s: Strategy, history: list[Trial], prior: list[Trial] = ()) -> bool:
         return self.check(s, history, prior).admitted

@@ -147,7 +147,8 @@ def diagnose(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
         reference=_reference(earlier) if earlier else None, log=trial.log_excerpt,
         category_hint=trial.failure.category if trial.failure and trial.failure.category != FailureCategory.UNKNOWN
         else None,
-        attempts=attempts, predicted_mem_fraction=ctx.model.mem_gib(trial.strategy) / ctx.model.limit_gib)
+        attempts=attempts, predicted_mem_fraction=ctx.model.mem_gib(trial.strategy) / ctx.model.limit_gib,
+        iteration=trial.index)
     try:
         failure = ctx.failure.diagnose(inp)
     except Exception as exc:  # an LLM reasoner that broke: the rules answer instead
@@ -217,7 +218,7 @@ def generate(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
     trials = _finished(ctx.store.trials(job_id))
     analysis = AnalysisOutput.model_validate(state["analysis"])
     inp = GenerationInput(workload=ctx.spec.workload, search_space=ctx.spec.search_space,
-                          reference=_reference(trials), analysis=analysis)
+                          reference=_reference(trials), analysis=analysis, history=trials, iteration=iteration)
     try:
         out = ctx.generation.generate(inp)
     except Exception as exc:
@@ -238,9 +239,9 @@ def _converged(ctx: LoopContext, trials: list[Trial]) -> str | None:
     if not remaining:
         return None  # the guard below reports exhaustion
     top = max(remaining)
-    if top < best.mfu * (1 - budget.converge_tol):
-        return (f"converged: best untried configuration predicted at {top:.1%} MFU, "
-                f"below {1 - budget.converge_tol:.0%} of the best measured {best.mfu:.1%}")
+    if top < best.mfu * (1 + budget.converge_tol):
+        return (f"converged: the best untried configuration is predicted at {top:.1%} MFU, no better than "
+                f"the best measured {best.mfu:.1%} (+{budget.converge_tol:.0%})")
     return None
 
 

@@ -30,6 +30,7 @@ def build_context(spec: JobSpec, store: Store, job_id: int, *, launcher: Launche
     launcher = launcher or build_launcher(spec.launcher, spec.seed)
     model = JobModel(spec.workload)
     pool, candidates = search_pool(spec, launcher)
+    model.prime(pool)
     guard = Guard(spec.workload, spec.search_space, model, candidates)
     prior = store.workload_trials(spec.workload.key(), exclude_job=job_id)
     rules_analysis = RulesAnalysis(model, guard, pool)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,41 @@ def cli_env(tmp_path: Path, db_url: str) -> dict[str, str]:
 
 def optico_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "optico.cli", *args]
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("OPTICO_REQUIRE_POSTGRES") == "1":
+        pytest.fail(f"OPTICO_REQUIRE_POSTGRES=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> Iterator[str]:
+    """A real PostgreSQL server for this test session: OPTICO_TEST_POSTGRES_URL, else a throwaway
+    server started from the local binaries. Without binaries: skip, or fail when
+    OPTICO_REQUIRE_POSTGRES=1 (CI)."""
+    given = os.environ.get("OPTICO_TEST_POSTGRES_URL", "").strip()
+    if given:
+        yield given
+        return
+    try:
+        from pg_server import find_pg_bin, start_postgres
+    except ImportError as exc:  # psycopg missing
+        _unavailable(f"cannot import the PostgreSQL driver: {exc}")
+    if find_pg_bin() is None:
+        _unavailable("no PostgreSQL server binaries found (apt-get install postgresql)")
+    url, stop = start_postgres()
+    try:
+        yield url
+    finally:
+        stop()
+
+
+@pytest.fixture
+def postgres_db(postgres_server_url: str) -> str:
+    """A fresh, empty database on the session's PostgreSQL server."""
+    import uuid
+
+    from pg_server import create_database
+
+    return create_database(postgres_server_url, f"optico_{uuid.uuid4().hex[:12]}")

@@ -157,3 +157,51 @@ def test_cli_tune_json_and_jobs_commands(tmp_path: Path, cli_env: dict):
     missing = subprocess.run(optico_cmd("jobs", "show", "999"), env=cli_env, capture_output=True, text=True,
                              timeout=120)
     assert missing.returncode == 2 and "no job 999" in missing.stderr
+
+
+class CrashingLauncher:
+    """Wraps a real launcher and dies (like a killed process) when trial `crash_at` starts."""
+
+    kind = "sim"
+
+    def __init__(self, inner, crash_at: int):
+        self.inner, self.crash_at = inner, crash_at
+
+    async def launch(self, workload, strategy, *, trial_key, progress=None):
+        if trial_key.endswith(f"trial{self.crash_at}"):
+            raise KeyboardInterrupt("simulated kill")
+        return await self.inner.launch(workload, strategy, trial_key=trial_key, progress=progress)
+
+    def candidates(self, workload):
+        return None
+
+    def describe(self):
+        return {"kind": "crashing-sim"}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_interrupted_job_resumes_on_both_backends(backend: str, request, tmp_path: Path):
+    from optico.launchers.factory import build_launcher
+
+    url = f"sqlite:///{tmp_path / 'pool.db'}" if backend == "sqlite" else request.getfixturevalue("postgres_db")
+    spec = load_spec(EXAMPLES / "llama3-8b-a100.yaml")
+    spec = spec.model_copy(update={"budget": spec.budget.model_copy(update={"max_trials": 5, "converge_tol": None}),
+                                   "launcher": spec.launcher.model_copy(update={"hang_rate": 0.0})})
+    store = SqlStore(url)
+    job_id = store.create_job(spec)
+    inner = build_launcher(spec.launcher, spec.seed)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(store, url, job_id, launcher=CrashingLauncher(inner, crash_at=3))
+    trials = store.trials(job_id)
+    assert [t.index for t in trials] == [1, 2, 3] and trials[-1].status == TrialStatus.RUNNING
+    run_job(store, url, job_id)  # resume: the interrupted node runs again
+    result = job_result(store, job_id)
+    assert [t["index"] for t in result["trials"]] == [1, 2, 3, 4, 5]
+    assert len({json.dumps(t["strategy"], sort_keys=True) for t in result["trials"]}) == 5
+    assert result["status"] == "completed"
+    # The checkpointer's tables live beside the pool's, in the same database.
+    from sqlalchemy import inspect
+
+    names = set(inspect(store.engine).get_table_names())
+    assert {"optico_jobs", "optico_trials", "checkpoints"} <= names
+    store.close()

@@ -4,6 +4,7 @@
 2. Bottleneck class with evidence: measured metrics plus the performance model.
 3. Ranked "Change X from A to B." suggestions over the untried, not-known-to-fail,
    predicted-to-fit configurations, scored by the job-corrected performance model;
+   ranked by expected MFU (predicted MFU times the chance of fitting in memory);
    moves that answer the health state and the bottleneck with one or two changes
    come first (standard tuning), larger jumps follow (exploratory fallback).
 """
@@ -125,7 +126,7 @@ class RulesAnalysis:
                 continue
             n_changes = len(ref.diff(cand))
             standard = n_changes <= 2 and _answers(health, bottleneck, ref, cand, model)
-            scored.append((model.mfu(cand), n_changes, standard, cand))
+            scored.append((model.expected_mfu(cand), n_changes, standard, cand))
 
         # Best predicted first; near-ties go to standard moves, then to fewer changes.
         scored.sort(key=lambda x: (-round(x[0] / _TIE), not x[2], x[1]))
@@ -133,7 +134,8 @@ class RulesAnalysis:
             # The diagnosed state is answered first, as the paper's procedure does.
             scored.sort(key=lambda x: not x[2])
         suggestions = []
-        for mfu, n_changes, standard, cand in scored[: inp.max_suggestions]:
+        for _, n_changes, standard, cand in scored[: inp.max_suggestions]:
+            mfu = model.mfu(cand)
             changes = [Change(param=f, old=old, new=new) for f, (old, new) in ref.diff(cand).items()]
             cand_pred = model.base(cand)
             suggestions.append(Suggestion(

@@ -114,6 +114,8 @@ class GenerationInput(BaseModel):
     search_space: SearchSpace
     reference: Strategy
     analysis: AnalysisOutput
+    history: list[Trial] = Field(default_factory=list, description="This job's trials, oldest first.")
+    iteration: int = 0
     max_proposals: int = 12
 
 
@@ -137,6 +139,7 @@ class FailureInput(BaseModel):
     category_hint: FailureCategory | None = None
     attempts: int = Field(1, description="How many times this exact configuration has run.")
     predicted_mem_fraction: float | None = None
+    iteration: int = 0
 
 
 class AnalysisReasoner(Protocol):

@@ -72,8 +72,10 @@ class Calibration:
 
 
 def calibrate(paths: list[str | Path], start: Constants | None = None, fields: list[str] | None = None,
-              max_nfev: int = 40) -> Calibration:
-    """Fits `fields` (default: every free constant) to the rows of `paths`; reports evaluate before/after."""
+              max_nfev: int = 40, file_weights: dict[str, float] | None = None) -> Calibration:
+    """Fits `fields` (default: every free constant) to the rows of `paths`; reports evaluate before/after.
+
+    `file_weights` multiplies the weight of the named files (by file name)."""
     start = start or load_constants()
     bounds = Constants.free_fields()
     fields = fields or list(bounds)
@@ -84,7 +86,7 @@ def calibrate(paths: list[str | Path], start: Constants | None = None, fields: l
     if not rows:
         raise ValueError("no usable rows in the given files")
     counts = Counter(name for name, _, _ in rows)
-    weights = {name: 1.0 / math.sqrt(n) for name, n in counts.items()}
+    weights = {name: (file_weights or {}).get(name, 1.0) / math.sqrt(n) for name, n in counts.items()}
     base = start.model_dump()
 
     def constants_at(x: np.ndarray) -> Constants:

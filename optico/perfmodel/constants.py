@@ -14,6 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field
 DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
 
 
+# oom_margin is policy, not physics; fragmentation scales activations exactly as activation_scale does.
+_NOT_FITTED = {"oom_margin", "mem_fragmentation"}
+
+
 class Constants(BaseModel):
     """Every free constant, with the bounds a calibration may move it within."""
 
@@ -63,7 +67,7 @@ class Constants(BaseModel):
         """Calibratable constants with their bounds."""
         out = {}
         for name, info in cls.model_fields.items():
-            if name == "oom_margin":
+            if name in _NOT_FITTED:
                 continue
             lo = next(m.ge for m in info.metadata if hasattr(m, "ge"))
             hi = next(m.le for m in info.metadata if hasattr(m, "le"))

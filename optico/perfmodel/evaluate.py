@@ -59,15 +59,20 @@ class Scores:
         return total / weight if weight else None
 
     def as_dict(self) -> dict[str, Any]:
+        """The six figures of `optico perfmodel evaluate --json`."""
+        rho = self.spearman()
         return {
             "rows": self.rows, "skipped": self.skipped,
             "oom_accuracy": self.oom_correct / self.oom_rows if self.oom_rows else None,
-            "mfu_median_ape": median(self.mfu_apes) if self.mfu_apes else None,
-            "mem_median_ape": median(self.mem_apes) if self.mem_apes else None,
-            "spearman": self.spearman(),
-            "scored": {"oom": self.oom_rows, "mfu": len(self.mfu_apes), "mem": len(self.mem_apes)},
-            "skip_reasons": dict(Counter(self.skip_reasons).most_common()),
+            "mfu_median_ape": float(median(self.mfu_apes)) if self.mfu_apes else None,
+            "mem_median_ape": float(median(self.mem_apes)) if self.mem_apes else None,
+            "spearman": float(rho) if rho is not None else None,
         }
+
+    def details(self) -> dict[str, Any]:
+        """How many rows each figure rests on, and why rows were skipped."""
+        return {"scored": {"oom": self.oom_rows, "mfu": len(self.mfu_apes), "mem": len(self.mem_apes)},
+                "skip_reasons": dict(Counter(self.skip_reasons).most_common())}
 
     def merge(self, other: "Scores", prefix: str) -> None:
         self.rows += other.rows
@@ -120,13 +125,15 @@ def score_rows(rows: list[ReplayRow], c: Constants) -> tuple[Scores, list[RowRes
 
 
 def evaluate_files(paths: list[str | Path], constants: Constants | None = None) -> dict[str, Any]:
-    """`{"files": {NAME: {...}}, "overall": {...}}` with the keys of `Scores.as_dict`."""
+    """`{"files": {NAME: {...}}, "overall": {...}, "details": {NAME: ...}}`; figures are fractions."""
     c = constants or load_constants()
-    overall, files = Scores(), {}
+    overall, files, details = Scores(), {}, {}
     for path in paths:
         rows = read_replay_csv(path)
         scores, _ = score_rows(rows, c)
         name = Path(path).name
         files[name] = scores.as_dict()
+        details[name] = scores.details()
         overall.merge(scores, name)
-    return {"files": files, "overall": overall.as_dict()}
+    details["overall"] = overall.details()
+    return {"files": files, "overall": overall.as_dict(), "details": details}

@@ -9,6 +9,8 @@ was at least the limit there, which lifts the memory ratio of its neighbours.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from optico.perfmodel.constants import Constants, load_constants
@@ -55,7 +57,15 @@ class JobModel:
         self._vectors: dict[str, np.ndarray] = {}
         self._mfu_obs: tuple[np.ndarray, np.ndarray] = (np.empty((0, len(FIELDS))), np.empty(0))
         self._mem_obs: tuple[np.ndarray, np.ndarray] = (np.empty((0, len(FIELDS))), np.empty(0))
-        self._corrected: dict[tuple[str, str], float] = {}
+        self._corrected: dict[str, np.ndarray] = {}
+        self._pool_index: dict[str, int] = {}
+        self._pool_matrix = np.empty((0, len(FIELDS)))
+
+    def prime(self, pool: list[Strategy]) -> None:
+        """Registers the strategies the job will ask about, so corrections are computed for all at once."""
+        self._pool_index = {s.signature(): i for i, s in enumerate(pool)}
+        self._pool_matrix = np.stack([self._vector(s) for s in pool]) if pool else np.empty((0, len(FIELDS)))
+        self._corrected = {}
 
     def base(self, s: Strategy) -> Prediction:
         sig = s.signature()
@@ -92,16 +102,23 @@ class JobModel:
         self._mfu_obs, self._mem_obs = stack(mfu), stack(mem)
         self._corrected = {}
 
+    @staticmethod
+    def _weighted(points: np.ndarray, vectors: np.ndarray, ratios: np.ndarray) -> np.ndarray:
+        """Similarity-weighted mean of `ratios` for each row of `points`."""
+        dist = ((points[:, None, :] != vectors[None, :, :]) * _WEIGHTS).sum(axis=2)
+        weights = np.exp(-2.0 * dist)
+        return (weights * ratios).sum(axis=1) / weights.sum(axis=1)
+
     def _correction(self, s: Strategy, kind: str) -> float:
         vectors, ratios = self._mfu_obs if kind == "mfu" else self._mem_obs
         if not len(ratios):
             return 1.0
-        key = (kind, s.signature())
-        if key not in self._corrected:
-            dist = ((vectors != self._vector(s)) * _WEIGHTS).sum(axis=1)
-            weights = np.exp(-2.0 * dist)
-            self._corrected[key] = float((weights * ratios).sum() / weights.sum())
-        return self._corrected[key]
+        sig = s.signature()
+        if kind not in self._corrected and self._pool_index:
+            self._corrected[kind] = self._weighted(self._pool_matrix, vectors, ratios)  # whole pool at once
+        if kind in self._corrected and sig in self._pool_index:
+            return float(self._corrected[kind][self._pool_index[sig]])
+        return float(self._weighted(self._vector(s)[None, :], vectors, ratios)[0])
 
     def mfu(self, s: Strategy) -> float:
         return self.base(s).mfu * self._correction(s, "mfu")
@@ -112,6 +129,15 @@ class JobModel:
     @property
     def limit_gib(self) -> float:
         return self.workload.cluster.spec.memory_gib
+
+    def fit_probability(self, s: Strategy, spread: float = 0.04) -> float:
+        """Chance the run fits in memory, taking the prediction as normal with `spread` relative error."""
+        mem = self.mem_gib(s)
+        return 0.5 * (1.0 + math.erf((self.limit_gib - mem) / (spread * mem * math.sqrt(2.0))))
+
+    def expected_mfu(self, s: Strategy) -> float:
+        """MFU weighted by the chance of fitting: a launch that runs out of memory measures nothing."""
+        return self.mfu(s) * self.fit_probability(s)
 
     def predicted_oom(self, s: Strategy) -> bool:
         """Out of memory with the configured margin: only clear cases are rejected."""

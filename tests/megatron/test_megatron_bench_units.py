@@ -114,6 +114,7 @@ def test_categories():
     assert report.categorize(AssertionError("num_layers should be divisible by pipeline")) == "invalid_config"
     assert report.categorize(ValueError("bad")) == "invalid_config"
     assert report.categorize(RuntimeError("found NaN in local grad norm")) == "unknown"
+    assert report.categorize(RuntimeError("The remainder of M ... should be 0, or larger")) == "invalid_config"
     assert report.categorize(KeyError("x")) == "unknown"
 
 
@@ -146,3 +147,31 @@ def test_emit_and_parse_round_trip(capsys):
     parsed = report.parse_output("noise\n[rank0]: " + out)
     assert parsed["result"] == {"ok": True, "step_time_s": 1.5, "cv": None}  # strict JSON: NaN -> null
     assert parsed["errors"] == [{"category": "oom", "rank": 1}]
+
+
+# -- plan -------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not HAVE_STACK, reason="torch and megatron-core are needed")
+def test_make_plan_derives_layout_and_refuses_what_cannot_run():
+    from optico.launchers.megatron import model as mdl
+
+    w = _workload(4, "tiny-moe")
+    plan = mdl.make_plan(w, Strategy(tensor_model_parallel_size=2, expert_model_parallel_size=2), 4, device="cuda")
+    assert (plan.dp, plan.num_microbatches, plan.etp) == (2, 2, 2)  # Megatron-LM: expert TP = TP
+    assert plan.use_cpu_initialization is False
+    cases = [
+        (Strategy(), 2, "processes were started"),
+        (Strategy(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2, batch_p2p_comm=True), 4,
+         "batched p2p"),
+        (Strategy(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2, overlap_p2p_comm=False), 4,
+         "PP > 2"),
+        (Strategy(micro_batch_size=3), 4, "global_batch_size"),
+    ]
+    for strategy, world, text in cases:
+        with pytest.raises(mdl.BenchConfigError, match=text):
+            mdl.make_plan(w, strategy, world, device="cpu")
+    if not mdl.compat.HAVE_TE:
+        with pytest.raises(mdl.BenchConfigError, match="Transformer Engine") as info:
+            mdl.make_plan(w, Strategy(context_parallel_size=2), 4, device="cpu")
+        assert info.value.params == ["context_parallel_size"]

@@ -8,7 +8,6 @@ unless `OPTICO_REQUIRE_POSTGRES=1` (CI), where that is a failure.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,32 +22,6 @@ BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
     pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
 ]
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("OPTICO_REQUIRE_POSTGRES") == "1":
-        pytest.fail(f"OPTICO_REQUIRE_POSTGRES=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def postgres_server_url() -> Iterator[str]:
-    """URL of a PostgreSQL server for this test session."""
-    given = os.environ.get("OPTICO_TEST_POSTGRES_URL", "").strip()
-    if given:
-        yield given
-        return
-    try:
-        from pg_server import find_pg_bin, start_postgres
-    except ImportError as exc:  # psycopg missing
-        _unavailable(f"cannot import the PostgreSQL driver: {exc}")
-    if find_pg_bin() is None:
-        _unavailable("no PostgreSQL server binaries found (apt-get install postgresql)")
-    url, stop = start_postgres()
-    try:
-        yield url
-    finally:
-        stop()
 
 
 @pytest.fixture(params=BACKENDS)

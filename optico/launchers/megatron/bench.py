@@ -242,6 +242,11 @@ class _Run:
         init_num_microbatches_calculator(rank=self.rank, rampup_batch_size=None,
                                          global_batch_size=plan.global_batch_size,
                                          micro_batch_size=plan.micro_batch_size, data_parallel_size=plan.dp)
+        if self.spec.strategy.tp_comm_overlap:  # make_plan refused it without TE
+            self.compat.init_tp_comm_overlap(seq_length=plan.seq_length, micro_batch_size=plan.micro_batch_size,
+                                             context_parallel_size=plan.cp,
+                                             hidden_size=self.spec.workload.model.hidden_size, tp=plan.tp,
+                                             fp8=plan.precision == "fp8")
 
     def build(self) -> None:
         from megatron.core.distributed import finalize_model_grads

@@ -85,6 +85,26 @@ def apply_no_te_fixes() -> list[str]:
     return applied
 
 
+def init_tp_comm_overlap(*, seq_length: int, micro_batch_size: int, context_parallel_size: int,
+                         hidden_size: int, tp: int, fp8: bool) -> None:
+    """Transformer Engine's userbuffers for TP communication/GEMM overlap, as Megatron-LM
+    sets them up before building the model (default configs, NCCL bootstrap). The TE API
+    changed at 1.9 (bootstrap backend) and 2.7 (quantization modes)."""
+    from packaging.version import Version
+    from transformer_engine.pytorch import module as te_module
+
+    te = Version(_version("transformer_engine") or _version("transformer-engine") or "0")
+    shape = [seq_length * micro_batch_size // context_parallel_size, hidden_size]
+    if te >= Version("2.7"):
+        mode = te_module.base.UserBufferQuantizationMode
+        te_module.base.initialize_ub(shape=shape, tp_size=tp, ub_cfgs={}, bootstrap_backend="nccl",
+                                     quantization_modes=[mode.FP8 if fp8 else mode.NONE])
+    elif te >= Version("1.9"):
+        te_module.base.initialize_ub(shape=shape, tp_size=tp, use_fp8=fp8, ub_cfgs={}, bootstrap_backend="nccl")
+    else:
+        te_module.base.initialize_ub(shape=shape, tp_size=tp, use_fp8=fp8, ub_cfgs={})
+
+
 def config_kwargs_supported(cls: type, kwargs: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Keeps the keywords the installed dataclass `cls` has; returns them and the dropped names."""
     names = {f.name for f in dataclasses.fields(cls)}

@@ -400,10 +400,8 @@ def config_overrides(kw: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     # buffer, so the interleaved schedule's overlapped sends carried garbage (NaN by step 4).
     if kw.get("deallocate_pipeline_outputs"):
         kw["deallocate_pipeline_outputs"] = False
-    # Expert tensor parallelism > 1 all-gathers uneven shards, which gloo cannot do.
-    if kw.get("num_moe_experts") and (kw.get("expert_tensor_parallel_size") or 1) > 1:
-        kw["expert_tensor_parallel_size"] = 1
-        notes.append("expert_tensor_parallel_size forced to 1 on CPU (gloo cannot all-gather uneven shards)")
+        if (kw.get("pipeline_model_parallel_size") or 1) > 1:
+            notes.append("deallocate_pipeline_outputs off on CPU (gloo's asynchronous sends read the buffer later)")
     return kw
 
 

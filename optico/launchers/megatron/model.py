@@ -82,6 +82,13 @@ def make_plan(w: Workload, s: Strategy, world_size: int, *, device: str,
     if w.global_batch_size % (s.mbs * dp):
         raise BenchConfigError(f"global_batch_size ({w.global_batch_size}) must be divisible by "
                                f"micro_batch_size·DP ({s.mbs}·{dp})", ["micro_batch_size"])
+    if s.vpp > 1 and s.batch_p2p_comm:
+        # Megatron-LM refuses it; megatron-core runs it and diverges silently.
+        raise BenchConfigError("the interleaved schedule (VPP) cannot use batched p2p communication",
+                               ["batch_p2p_comm", "virtual_pipeline_model_parallel_size"])
+    if s.vpp > 1 and not s.overlap_p2p_comm and s.pp <= 2:
+        raise BenchConfigError(f"the interleaved schedule without overlapped p2p communication needs PP > 2 "
+                               f"(PP is {s.pp})", ["overlap_p2p_comm", "pipeline_model_parallel_size"])
     if s.cp > 1 and not compat.HAVE_TE:
         raise BenchConfigError(
             f"context parallelism (CP={s.cp}) needs Transformer Engine (TEDotProductAttention), "

@@ -81,6 +81,10 @@ _OOM_MARKERS = ("out of memory", "cuda error: out of memory", "cudaerrormemoryal
 _COMM_MARKERS = ("nccl", "gloo", "connection reset", "connection refused", "broken pipe",
                  "watchdog", "timed out", "socket timeout", "process group", "c10d")
 _COMM_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError")
+# megatron-core also states some configuration checks as RuntimeError (the interleaved
+# schedule's micro-batch grouping, for one).
+_CONFIG_MARKERS = ("divisible", "must be", "should be", "should range", "not supported", "unsupported",
+                   "is not compatible", "incompatible")
 
 
 def categorize(exc: BaseException) -> str:
@@ -96,6 +100,8 @@ def categorize(exc: BaseException) -> str:
         return "invalid_config"
     if isinstance(exc, RuntimeError) and any(m in text for m in _COMM_MARKERS):
         return "comm"
+    if isinstance(exc, RuntimeError) and any(m in text for m in _CONFIG_MARKERS):
+        return "invalid_config"
     return "unknown"
 
 

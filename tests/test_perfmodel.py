@@ -1,0 +1,102 @@
+"""The analytic performance model: FLOPs, memory and time behave as physics says, and the model
+agrees with the OptiCo paper's measured table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from optico.perfmodel.flops import flops_per_token
+from optico.perfmodel.model import predict
+from optico.strategy import strategy_from_mapping
+from optico.workload import PRESETS, Cluster, Workload
+from tests.conftest import PACKAGED_OPTICO_CSV, SHARED_DATA, optico_cmd
+
+W = Workload(model=PRESETS["llama3-8b"], seq_length=8192, global_batch_size=512, precision="bf16",
+             cluster=Cluster(gpu="h100-sxm"))
+
+
+def S(**kw):
+    return strategy_from_mapping({"distributed_optimizer": True, **kw})
+
+
+def test_flops_match_megatron_formula_by_hand():
+    h, q, kv, f, v, s, layers = 4096, 4096, 1024, 14336, 128256, 8192, 32
+    per_layer = 6 * (h * (q + 2 * kv) + q * h) + 6 * h * f * 3 + 6 * q * s
+    expected = layers * per_layer + 6 * h * v
+    assert flops_per_token(PRESETS["llama3-8b"], s) == pytest.approx(expected)
+
+
+def test_moe_flops_count_topk_experts_only():
+    m = PRESETS["mixtral-8x7b"]
+    dense_equiv = m.model_copy(update={"num_experts": None, "ffn_hidden_size": m.ffn_hidden_size * 2})
+    assert flops_per_token(m, 4096) == pytest.approx(flops_per_token(dense_equiv, 4096))
+
+
+def mem(**kw) -> float:
+    return predict(W, S(**kw)).mem_gib
+
+
+def test_memory_moves_the_right_way():
+    assert mem(tp=2, mbs=2) > mem(tp=2, mbs=1)
+    assert mem(tp=2, recompute="full") < mem(tp=2, recompute="selective") < mem(tp=2)
+    assert mem(tp=4) < mem(tp=2) < mem(tp=1)
+    assert mem(tp=2, sp=True) < mem(tp=2)
+    assert mem(tp=2, pp=2) < mem(tp=2)
+    assert predict(W, strategy_from_mapping({"tp": 2})).mem_gib > mem(tp=2)  # no distributed optimizer
+    assert mem(tp=2, cross_entropy_loss_fusion=True) < mem(tp=2)
+
+
+def test_time_moves_the_right_way():
+    def t(**kw):
+        return predict(W, S(**kw)).time
+
+    assert t(tp=8).tp_comm_s > t(tp=2).tp_comm_s > 0 == t(tp=1).tp_comm_s
+    assert t(tp=2, recompute="full").step_time_s > t(tp=2).step_time_s
+    assert t(tp=1, pp=4).pp_bubble_s > t(tp=1, pp=2).pp_bubble_s
+    assert t(tp=1, pp=4, vpp=2).pp_bubble_s < t(tp=1, pp=4).pp_bubble_s
+    assert t(tp=2, overlap_grad_reduce=True).dp_comm_s <= t(tp=2).dp_comm_s
+    fp8 = Workload(**{**W.model_dump(), "precision": "fp8"})
+    assert predict(fp8, S(tp=2)).step_time_s < predict(W, S(tp=2)).step_time_s
+
+
+def test_bottleneck_classes():
+    assert predict(W, S(tp=1, pp=1, mbs=4)).bottleneck.value == "memory-capacity"
+    multi = Workload(**{**W.model_dump(), "cluster": Cluster(gpu="h100-sxm", nodes=4)})
+    assert predict(multi, S(tp=8, pp=4, mbs=1)).bottleneck.value in ("communication", "pipeline-bubble")
+
+
+def _evaluate(*paths) -> dict:
+    args = ["perfmodel", "evaluate", "--json"]
+    for p in paths:
+        args += ["--data", str(p)]
+    proc = subprocess.run(optico_cmd(*args), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_evaluate_on_the_optico_table_meets_the_bar():
+    """At least 13 of 14 rows classified right (fit vs OOM) and MFU median APE at most 8 %."""
+    report = _evaluate(PACKAGED_OPTICO_CSV)
+    fig = report["files"]["optico_llama3_8b_a100.csv"]
+    assert fig["rows"] == 14 and fig["skipped"] == 0
+    assert fig["oom_accuracy"] * 14 >= 13
+    assert fig["mfu_median_ape"] <= 0.08
+    assert fig["spearman"] > 0.8
+    assert set(report["overall"]) == {"rows", "skipped", "oom_accuracy", "mfu_median_ape", "mem_median_ape",
+                                      "spearman"}
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="shared data not beside the repository")
+def test_evaluate_counts_incomplete_rows_as_skipped():
+    report = _evaluate(SHARED_DATA / "megatron_readme_h100_scaling.csv")
+    fig = report["files"]["megatron_readme_h100_scaling.csv"]
+    assert fig["rows"] == 11 and fig["skipped"] == 11 and fig["mfu_median_ape"] is None
+
+
+def test_evaluate_rejects_missing_file(tmp_path):
+    proc = subprocess.run(optico_cmd("perfmodel", "evaluate", "--data", str(tmp_path / "no.csv")),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no such file" in proc.stderr
