@@ -65,11 +65,16 @@ def run_bench(tmp_dir: Path, nproc: int, spec: dict[str, Any], *, env: dict[str,
         full_env.update(env)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "optico.launchers.megatron.bench", "--spec-json", str(path)]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=str(REPO), env=full_env, capture_output=True, text=True, timeout=timeout)
-    run = BenchRun(proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - t0)
-    parsed = parse_output(proc.stdout)
-    run.result, run.errors, run.steps = parsed["result"], parsed["errors"], parsed["steps"]
+    for attempt in range(2):
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=str(REPO), env=full_env, capture_output=True, text=True, timeout=timeout)
+        run = BenchRun(proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - t0)
+        parsed = parse_output(proc.stdout)
+        run.result, run.errors, run.steps = parsed["result"], parsed["errors"], parsed["steps"]
+        # torchrun itself failing to start (a rendezvous port taken between its probe and
+        # its bind) leaves no line of ours: try once more; anything else is the driver's.
+        if run.result is not None or run.errors or "OPTICO_" in proc.stdout:
+            break
     return run
 
 

@@ -160,33 +160,36 @@ def err(run, category: str) -> dict:
     e = run.errors[0]
     assert e["category"] == category, run.describe()
     for key in ("message", "exception_type", "rank", "phase", "params", "traceback_tail"):
-        assert key in e
+        assert key in e, run.describe()
     # one line per rank at most
     ranks = [x["rank"] for x in run.errors]
-    assert len(ranks) == len(set(ranks))
+    assert len(ranks) == len(set(ranks)), run.describe()
     return e
 
 
 def test_context_parallel_on_cpu_is_a_clear_invalid_config(bench):
-    e = err(bench(2, {"cp": 2}), "invalid_config")
-    assert "Transformer Engine" in e["message"] and "context" in e["message"]
-    assert e["params"] == ["context_parallel_size"]
-    assert e["phase"] == "validate"
+    run = bench(2, {"cp": 2})
+    e = err(run, "invalid_config")
+    assert "Transformer Engine" in e["message"] and "context" in e["message"], run.describe()
+    assert e["params"] == ["context_parallel_size"], run.describe()
+    assert e["phase"] == "validate", run.describe()
 
 
 def test_impossible_config_rejected_by_the_rules(bench):
-    e = err(bench(2, {"tp": 2, "mbs": 3}), "invalid_config")
-    assert "global_batch_size (4)" in e["message"]
-    assert "micro_batch_size" in e["params"]
+    run = bench(2, {"tp": 2, "mbs": 3})
+    e = err(run, "invalid_config")
+    assert "global_batch_size (4)" in e["message"], run.describe()
+    assert "micro_batch_size" in e["params"], run.describe()
 
 
 def test_megatron_own_assertion_is_invalid_config(bench):
     """With optico's rules off, megatron-core's own check (3 layers over PP 2) is what fails."""
     model = {"name": "three-layers", "num_layers": 3, "hidden_size": 64, "num_attention_heads": 4,
              "num_query_groups": 2, "ffn_hidden_size": 128, "vocab_size": 1024}
-    e = err(bench(2, {"pp": 2}, model=model, check_rules=False), "invalid_config")
-    assert e["exception_type"] == "builtins.AssertionError"
-    assert "pipeline" in e["message"]
+    run = bench(2, {"pp": 2}, model=model, check_rules=False)
+    e = err(run, "invalid_config")
+    assert e["exception_type"] == "builtins.AssertionError", run.describe()
+    assert "pipeline" in e["message"], run.describe()
 
 
 def test_injected_oom_is_reported_by_the_rank_that_hit_it(bench):

@@ -29,7 +29,8 @@ Output (stdout; parse with `report.parse_output`):
 - ``OPTICO_STEP {...}``: rank 0, one per step (step, phase, step_time_s, loss) — a heartbeat.
 - ``OPTICO_RESULT {...}``: rank 0, once: ``ok``, ``step_time_s`` (mean of the stable window,
   max over ranks per step), ``step_time_median_s``, ``step_times_s``, ``steps`` (timed),
-  ``warmup_steps``, ``stop_reason``, ``stable``, ``cv``, ``cv_window``,
+  ``warmup_steps``, ``skipped_steps`` (fp16 loss-scale overflows: rerun, never timed),
+  ``stop_reason`` (stable | max_steps | max_time), ``stable``, ``cv``, ``cv_window``, ``cv_target``,
   ``tokens_per_s_per_gpu``, ``tflops_per_gpu`` (Megatron-LM's model FLOPs,
   `optico.perfmodel.flops`), ``mfu`` and ``peak_tflops`` (the workload's GPU and precision from
   `optico.gpus`; both null on CPU, where no peak applies), ``mem_max_allocated_gib`` and
@@ -47,6 +48,8 @@ Output (stdout; parse with `report.parse_output`):
   ``traceback_tail``.
 
 Exit status: 0 with a result, 1 after an error line, 2 for a bad command line.
+``OPTICO_BENCH_FAULT=KIND@RANK:STEP`` (KIND: oom, comm, invalid, unknown) makes that rank fail
+after that step, for testing the failure path.
 """
 
 from __future__ import annotations
