@@ -29,7 +29,7 @@ Output (stdout; parse with `report.parse_output`):
 - ``OPTICO_STEP {...}``: rank 0, one per step (step, phase, step_time_s, loss) — a heartbeat.
 - ``OPTICO_RESULT {...}``: rank 0, once: ``ok``, ``step_time_s`` (mean of the stable window,
   max over ranks per step), ``step_time_median_s``, ``step_times_s``, ``steps`` (timed),
-  ``warmup_steps``, ``skipped_steps`` (fp16 loss-scale overflows: rerun, never timed),
+  ``warmup_steps``, ``skipped_steps`` (fp16 loss-scale overflows: run but never timed),
   ``stop_reason`` (stable | max_steps | max_time), ``stable``, ``cv``, ``cv_window``, ``cv_target``,
   ``tokens_per_s_per_gpu``, ``tflops_per_gpu`` (Megatron-LM's model FLOPs,
   `optico.perfmodel.flops`), ``mfu`` and ``peak_tflops`` (the workload's GPU and precision from
@@ -39,7 +39,7 @@ Output (stdout; parse with `report.parse_output`):
   null without it), ``loss_first``/``loss_last``, ``losses``, ``loss_finite``, the layout
   (``world_size``, ``dp``, ``tp``, ``pp``, ``cp``, ``ep``, ``etp``, ``vpp``,
   ``micro_batch_size``, ``num_microbatches``, ``global_batch_size``, ``seq_length``,
-  ``precision``, ``device``), ``layer_spec``, ``effective`` (derived settings that ran),
+  ``precision``, ``device``), ``model``, ``strategy`` (normalised), ``layer_spec``, ``effective`` (derived settings that ran),
   ``notes``, ``shim`` (CPU patches applied), ``fingerprint`` (python, torch, CUDA, NCCL,
   megatron-core, TE, GPU, driver...), ``init_s`` and ``wall_s``.
 - ``OPTICO_ERROR {...}``: printed by each rank that caught an exception, then the process
