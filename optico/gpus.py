@@ -44,7 +44,7 @@ GPUS: dict[str, GpuSpec] = {
                 hbm_gbps=900, nvlink_gbps=150, network_gbps=12.5),
         GpuSpec(name="a100-40gb", arch="ampere", memory_gib=39.4, peak_tflops={"fp16": 312.0, "bf16": 312.0},
                 hbm_gbps=1555, nvlink_gbps=300, network_gbps=25),
-        GpuSpec(name="a100-80gb", arch="ampere", memory_gib=79.2, peak_tflops={"fp16": 312.0, "bf16": 312.0},
+        GpuSpec(name="a100-80gb", arch="ampere", memory_gib=79.35, peak_tflops={"fp16": 312.0, "bf16": 312.0},
                 hbm_gbps=2039, nvlink_gbps=300, network_gbps=25),
         GpuSpec(name="h100-sxm", arch="hopper", memory_gib=79.6,
                 peak_tflops={"fp16": 989.0, "bf16": 989.0, "fp8": 1979.0},

@@ -25,7 +25,7 @@ from optico.perfmodel.model import predict
 from optico.replay_csv import ReplayRow, measured_mfu, read_replay_csv
 
 MEM_WEIGHT = 0.7
-OOM_WEIGHT = 2.0
+OOM_WEIGHT = 6.0  # a wrong fit/OOM call costs a whole trial, or hides the optimum
 
 
 def _untuned(row: ReplayRow) -> bool:

@@ -51,11 +51,12 @@ class Constants(BaseModel):
     step_overhead_s: float = Field(0.02, ge=0, le=2.0, description="Per iteration: data, logging, sync.")
     activation_scale: float = Field(1.0, ge=0.3, le=2.0, description="Scales the Korthikanti activation count "
                                                                      "(fused kernels keep fewer tensors).")
-    pp_extra_in_flight: float = Field(1.0, ge=0.0, le=3.0, description="Micro-batches a pipeline stage holds "
+    pp_extra_in_flight: float = Field(1.0, ge=0.0, le=1.5, description="Micro-batches a pipeline stage holds "
                                                                        "beyond 1F1B's PP - rank (receive "
                                                                        "buffers, the next input).")
-    logits_bytes: float = Field(10.0, ge=2, le=24, description="Bytes per logit element held at the loss "
-                                                               "(bf16 logits + fp32 copies), unfused.")
+    logits_bytes: float = Field(10.0, ge=4, le=10, description="Bytes per logit element held at the loss, "
+                                                               "unfused: bf16 logits (2), the fp32 softmax kept "
+                                                               "for backward (4), a transient fp32 copy (4).")
     logits_bytes_fused: float = Field(6.0, ge=2, le=24, description="Same with cross-entropy loss fusion.")
     mem_overhead_gib: float = Field(2.5, ge=0, le=12, description="CUDA context, NCCL and cuBLAS buffers.")
     mem_fragmentation: float = Field(0.05, ge=0, le=0.5, description="Allocator slack over activations.")

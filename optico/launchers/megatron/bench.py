@@ -359,11 +359,8 @@ class _Run:
         losses: list[float | None] = []
         step, skipped, sampling = 0, 0, False
         self.t_ready = time.perf_counter()
-        while True:
-            timed = step >= spec.warmup
-            if timed and not sampling:
-                sampler.start()
-                sampling = True
+        def one_step() -> tuple[float, bool, float | None]:
+            """One optimizer step over the global batch: (slowest rank's seconds, update applied, loss)."""
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -386,8 +383,16 @@ class _Run:
             dist.all_reduce(local, group=self.stats_group)
             dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=self.stats_group)
             loss = float(local[0] / local[1]) if local[1] > 0 else None
+            self.last_grad_norm = None if grad_norm is None else float(grad_norm)
+            return float(stats[0]), bool(ok), loss
+
+        while True:
+            timed = step >= spec.warmup
+            if timed and not sampling:
+                sampler.start()
+                sampling = True
+            dt, ok, loss = one_step()
             losses.append(loss)
-            dt = float(stats[0])
             if self.prehook_off and ok:
                 for m in self.model:
                     m.enable_forward_pre_hook()
@@ -395,8 +400,7 @@ class _Run:
             if self.rank == 0:
                 emit(report.STEP_PREFIX, {"step": step + 1, "phase": "timed" if timed else "warmup",
                                           "step_time_s": round(dt, 6), "loss": loss,
-                                          "grad_norm": None if grad_norm is None else float(grad_norm),
-                                          "update_ok": bool(ok)})
+                                          "grad_norm": self.last_grad_norm, "update_ok": ok})
             _maybe_inject_fault(self.rank, step)
             step += 1
             if not ok:  # fp16 overflow: the optimizer skipped the update; not a representative step
@@ -408,6 +412,11 @@ class _Run:
             if timed and stopper.add(dt):
                 break
         util_avg, util_max = sampler.stop()
+        profile_path = os.environ.get(PROFILE_ENV)
+        if profile_path:
+            from optico.launchers.megatron.profile import profile_steps
+
+            profile_steps(one_step, PROFILE_STEPS, profile_path if self.rank == 0 else None, cuda=cuda)
         return {"stopper": stopper, "losses": losses, "util": (util_avg, util_max), "skipped": skipped}
 
     # -- result ----------------------------------------------------------------------------
@@ -510,6 +519,9 @@ class _Run:
 
 
 FAULT_ENV = "OPTICO_BENCH_FAULT"
+# OPTICO_BENCH_PROFILE=FILE: after timing, profile a few more steps and write where the time went.
+PROFILE_ENV = "OPTICO_BENCH_PROFILE"
+PROFILE_STEPS = 3
 
 
 def _maybe_inject_fault(rank: int, step: int) -> None:

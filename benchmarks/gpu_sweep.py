@@ -1,0 +1,153 @@
+"""Sweep what one GPU can tune for a ~1B Llama-style model and record every run as replay rows.
+
+Runs the megatron-core benchmark driver (optico.launchers.megatron.bench) once per
+configuration — micro-batch size, recompute none/selective/full, cross-entropy fusion, the
+distributed optimizer — each in its own torchrun process, OOMs included, and writes the rows
+in the replay CSV format of DESIGN.md with the exact command and the framework fingerprint.
+
+    python benchmarks/gpu_sweep.py --out benchmarks/data/h100-llama-1b.csv [--quick]
+
+`--quick` runs three tiny configurations on whatever device is there (a smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from optico.gpus import normalize_gpu_name  # noqa: E402
+from optico.launchers.megatron import report  # noqa: E402
+from optico.launchers.megatron.bench import torchrun_command, write_spec  # noqa: E402
+from optico.replay_csv import COLUMNS  # noqa: E402
+from optico.strategy import Strategy, strategy_from_mapping  # noqa: E402
+from optico.workload import PRESETS, Cluster, ModelArch, Workload  # noqa: E402
+
+LLAMA_1B = ModelArch(name="llama-1b", num_layers=16, hidden_size=2048, num_attention_heads=16, num_query_groups=4,
+                     ffn_hidden_size=5632, vocab_size=32000)
+
+
+def gpu_key() -> str:
+    try:
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "h100-sxm"
+    key = normalize_gpu_name(name)
+    return {"h100-80gb-hbm3": "h100-sxm", "h200": "h200"}.get(key, key if key in ("h100-sxm", "h200") else "h100-sxm")
+
+
+def configurations(quick: bool) -> list[Strategy]:
+    if quick:
+        return [strategy_from_mapping(d) for d in ({"mbs": 1}, {"mbs": 2, "recompute": "full"},
+                                                   {"mbs": 1, "cross_entropy_loss_fusion": True})]
+    out = []
+    base = {"distributed_optimizer": True, "cross_entropy_loss_fusion": True}
+    for mbs in (1, 2, 4, 8):
+        for recompute in ("none", "selective", "full"):
+            out.append({**base, "mbs": mbs, "recompute": recompute})
+    for mbs in (1, 2, 4, 8):
+        out.append({**base, "mbs": mbs, "cross_entropy_loss_fusion": False})
+        out.append({**base, "mbs": mbs, "distributed_optimizer": False})
+    out.append({**base, "mbs": 16, "recompute": "none"})
+    out.append({**base, "mbs": 16, "recompute": "full"})
+    return [strategy_from_mapping(d) for d in out]
+
+
+def row(w: Workload, s: Strategy, parsed: dict, command: str) -> dict:
+    m = w.model
+    res = parsed.get("result")
+    err = report.primary_error(parsed.get("errors", []))
+    base = {
+        "source": "OptiCo gpu_sweep.py (megatron-core benchmark driver, this repository)",
+        "model": m.name, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
+        "num_attention_heads": m.num_attention_heads, "num_query_groups": m.groups,
+        "ffn_hidden_size": m.ffn_hidden_size, "vocab_size": m.vocab_size, "seq_length": w.seq_length,
+        "num_experts": "", "topk": "", "gpu": w.cluster.gpu, "num_gpus": w.world_size,
+        "tp": s.tp, "pp": s.pp, "dp": s.dp(w.world_size), "cp": s.cp, "ep": s.ep, "vpp": s.vpp, "mbs": s.mbs,
+        "gbs": w.global_batch_size, "recompute": s.recompute, "precision": w.precision,
+        "sequence_parallel": str(s.sequence_parallel).lower(),
+        "distributed_optimizer": str(s.use_distributed_optimizer).lower(),
+    }
+    notes = {"command": command, "cross_entropy_loss_fusion": s.cross_entropy_loss_fusion}
+    if res and res.get("ok"):
+        notes.update({k: res.get(k) for k in ("mem_max_reserved_gib", "gpu_util_avg", "cv", "steps", "stop_reason",
+                                              "layer_spec", "fingerprint")})
+        def rounded(key: str, digits: int) -> float | str:
+            return "" if res.get(key) is None else round(res[key], digits)  # null on CPU
+
+        base.update(result="ok", tflops_per_gpu=rounded("tflops_per_gpu", 2), mfu=rounded("mfu", 4),
+                    step_time_s=rounded("step_time_s", 5), tokens_per_s_per_gpu=rounded("tokens_per_s_per_gpu", 1),
+                    mem_max_gib=rounded("mem_max_allocated_gib", 3))
+        base["notes"] = ("mem_max_gib = torch max allocated (all ranks); " + json.dumps(notes, default=str)
+                         + f"; args: cross-entropy-loss-fusion={s.cross_entropy_loss_fusion}")
+    else:
+        category = (err or {}).get("category", "unknown")
+        notes.update({"error": (err or {}).get("message", "no result line")[:300]})
+        base.update(result="oom" if category == "oom" else "error", tflops_per_gpu="", mfu="", step_time_s="",
+                    tokens_per_s_per_gpu="", mem_max_gib="",
+                    notes=json.dumps(notes, default=str)
+                    + f"; args: cross-entropy-loss-fusion={s.cross_entropy_loss_fusion}")
+    return base
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="CSV to write (replay format).")
+    ap.add_argument("--quick", action="store_true", help="Three tiny configurations: a smoke test.")
+    ap.add_argument("--gbs", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--max-steps", type=int, default=8)
+    ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--only", type=int, nargs="*", help="Run only these configuration numbers (1-based).")
+    args = ap.parse_args()
+    if args.quick:
+        w = Workload(model=PRESETS["tiny-gpt"], seq_length=64, global_batch_size=4,
+                     cluster=Cluster(gpu=gpu_key(), gpus_per_node=1))
+    else:
+        w = Workload(model=LLAMA_1B, seq_length=args.seq, global_batch_size=args.gbs, precision="bf16",
+                     cluster=Cluster(gpu=gpu_key(), gpus_per_node=1))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    f = out.open("w", newline="")
+    writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+    writer.writeheader()
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, s in enumerate(configurations(args.quick)):
+            if args.only and i + 1 not in args.only:
+                continue
+            spec = write_spec(Path(tmp) / f"spec{i}.json", w, s, warmup=2, max_steps=args.max_steps, min_steps=3)
+            cmd = torchrun_command(spec, 1)
+            shown = " ".join(["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m",
+                              "optico.launchers.megatron.bench", "--spec-json", f"<{s.short()}>"])
+            t0 = time.time()
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                text = proc.stdout + proc.stderr
+            except subprocess.TimeoutExpired as exc:
+                text = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            parsed = report.parse_output(text)
+            r = row(w, s, parsed, shown)
+            rows.append(r)
+            writer.writerow(r)  # row by row: an interrupted sweep keeps what it measured
+            f.flush()
+            print(f"{i + 1:2d} {s.short():44s} {r['result']:5s} mfu {r['mfu'] or '-':>7} "
+                  f"mem {r['mem_max_gib'] or '-':>7}  {time.time() - t0:5.1f}s", flush=True)
+    f.close()
+    print(f"wrote {len(rows)} rows to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
