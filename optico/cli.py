@@ -13,7 +13,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from optico.spec import JobSpec, SpecError, load_spec
+from optico.llm.cli import llm_app
+from optico.spec import JobSpec, ReasonerSpec, SpecError, load_spec
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Tune Megatron training configurations.")
 jobs_app = typer.Typer(no_args_is_help=True, help="Inspect tuning jobs in the pool.")
@@ -22,6 +23,7 @@ db_app = typer.Typer(no_args_is_help=True, help="The pool's database.")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(perf_app, name="perfmodel")
 app.add_typer(db_app, name="db")
+app.add_typer(llm_app, name="llm")
 
 console = Console()
 err = Console(stderr=True)
@@ -58,6 +60,28 @@ def _apply_overrides(spec: JobSpec, launcher: str | None, max_trials: int | None
     if seed is not None:
         updates["seed"] = seed
     return spec.model_copy(update=updates) if updates else spec
+
+
+def _apply_reasoner(spec: JobSpec, reasoner: str | None) -> JobSpec:
+    """`--reasoner` sets all three agents' reasoners; an LLM endpoint must be configured."""
+    if reasoner is not None:
+        if reasoner not in ("rules", "openai"):
+            raise SpecError("--reasoner", f"unknown reasoner {reasoner!r} (rules, openai)")
+        spec = spec.model_copy(update={"reasoner": ReasonerSpec(analysis=reasoner, generation=reasoner,
+                                                                failure=reasoner)})
+    return spec
+
+
+def _check_llm(spec: JobSpec) -> None:
+    """Fails fast, naming the OPTICO_LLM_* variable, when an LLM reasoner cannot be built."""
+    r = spec.reasoner
+    if "openai" in (r.analysis, r.generation, r.failure):
+        from optico.llm.settings import load_settings
+
+        try:
+            load_settings()
+        except ValueError as exc:
+            _fail(f"reasoner openai: {exc}")
 
 
 class TrialView:
@@ -127,6 +151,8 @@ def tune(
     launcher: Optional[str] = typer.Option(None, "--launcher", help="Override the spec's launcher: sim|replay."),
     max_trials: Optional[int] = typer.Option(None, "--max-trials", help="Override the trial budget."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the job seed."),
+    reasoner: Optional[str] = typer.Option(None, "--reasoner", help="Override the spec's reasoners for all "
+                                           "three agents: rules|openai (endpoint from OPTICO_LLM_*)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
     resume: Optional[int] = typer.Option(None, "--resume", metavar="JOB_ID", help="Resume an interrupted job."),
     database: Optional[str] = DatabaseOption,
@@ -137,9 +163,10 @@ def tune(
     spec = None
     if resume is None:
         try:
-            spec = _apply_overrides(load_spec(spec_path), launcher, max_trials, seed)
+            spec = _apply_reasoner(_apply_overrides(load_spec(spec_path), launcher, max_trials, seed), reasoner)
         except SpecError as exc:
             _fail(str(exc))
+        _check_llm(spec)
     # Imported after the spec is checked: a bad spec fails fast, without loading LangGraph.
     from optico.report import job_result
     from optico.runner import run_job
@@ -151,6 +178,7 @@ def tune(
                 job = store.get_job(resume)
             except KeyError:
                 _fail(f"--resume: no job {resume} in {url}")
+            _check_llm(job.spec)
             max_t = job.spec.budget.max_trials
             job_id = resume
             console.print(f"resuming job {job_id} ({job.name}), {len(store.trials(job_id))} trials recorded")

@@ -36,12 +36,22 @@ def build_context(spec: JobSpec, store: Store, job_id: int, *, launcher: Launche
     rules_analysis = RulesAnalysis(model, guard, pool)
     rules_generation = RulesGeneration()
     rules_failure = RulesFailureAnalysis()
-    for agent, kind in (("analysis", spec.reasoner.analysis), ("generation", spec.reasoner.generation),
-                        ("failure", spec.reasoner.failure)):
-        if kind != "rules":
-            raise ValueError(f"reasoner.{agent}: {kind!r} is not available in this build")
+    analysis, generation, failure = rules_analysis, rules_generation, rules_failure
+    chosen = spec.reasoner
+    if "openai" in (chosen.analysis, chosen.generation, chosen.failure):
+        # Imported here: a rules-only job never loads the openai package. Settings come from
+        # OPTICO_LLM_*; a missing model or key raises ValueError naming the variable.
+        from optico.agents.llm import build_llm_reasoners
+
+        def record(agent: str, iteration: int, kind: str, content: dict, text: str = "") -> None:
+            store.add_message(job_id, iteration, agent, kind, content, text)
+
+        llm = build_llm_reasoners(spec, rules_analysis, record)
+        analysis = llm.analysis if chosen.analysis == "openai" else analysis
+        generation = llm.generation if chosen.generation == "openai" else generation
+        failure = llm.failure if chosen.failure == "openai" else failure
     return LoopContext(store=store, spec=spec, launcher=launcher, model=model, guard=guard, pool=pool,
-                       analysis=rules_analysis, generation=rules_generation, failure=rules_failure,
+                       analysis=analysis, generation=generation, failure=failure,
                        rules_analysis=rules_analysis, rules_generation=rules_generation,
                        rules_failure=rules_failure, on_event=on_event, prior=prior, candidates=candidates)
 

@@ -1,0 +1,364 @@
+"""A model's answer, validated into the agents' typed contracts — or an `AnswerError`
+whose message is quoted back to the model in the one re-ask.
+
+What is checked here is what the answer *means*: parameter names (Strategy fields or the
+paper's names), values inside the job's search space, a complete configuration the
+Strategy model accepts, a confidence in 0..100, a RETRY only where the log shows no
+parameter-related error. Whether a configuration may run (divisibility, duplicates,
+known failures, predicted OOM) stays the guard's decision.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from optico.agents.contracts import Change, HealthState, Suggestion
+from optico.agents.generation import apply_changes, repair
+from optico.llm.parsing import (
+    change_items,
+    coerce_value,
+    kv_blocks,
+    parse_changes,
+    parse_confidence,
+    parse_kv,
+)
+from optico.perfmodel.bottleneck import Bottleneck
+from optico.search_space import SearchSpace
+from optico.strategy import PAPER_NAMES, Strategy, canonical_field, display_value
+from optico.trial import Failure, FailureCategory
+
+SUMMARY_WORDS = 30  # the paper's limit on a failure diagnosis
+_META = {"justification", "rationale", "reason", "expected_impact", "expected", "impact", "confidence", "_text",
+         "rank", "config", "configuration"}
+
+
+class AnswerError(ValueError):
+    """The answer cannot be used; the message says why, for the model to correct."""
+
+
+def paper(field: str) -> str:
+    return PAPER_NAMES.get(field, field)
+
+
+# -- JSON schemas (sent as response_format where the endpoint supports it) ---------------------
+
+_SCALAR = {"anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "boolean"}, {"type": "null"}]}
+
+
+def _domain_schema(space: SearchSpace, field: str) -> dict[str, Any]:
+    return {"enum": [v for v in space.tunables[field]]}
+
+
+def analysis_schema(max_suggestions: int) -> dict[str, Any]:
+    change = {"type": "object", "additionalProperties": False, "required": ["param", "from", "to"],
+              "properties": {"param": {"type": "string"}, "from": _SCALAR, "to": _SCALAR}}
+    suggestion = {"type": "object", "additionalProperties": False,
+                  "required": ["changes", "reason", "expected_effect", "kind"],
+                  "properties": {"changes": {"type": "array", "items": change, "minItems": 1},
+                                 "reason": {"type": "string"}, "expected_effect": {"type": "string"},
+                                 "kind": {"enum": ["standard", "exploratory"]}}}
+    return {"type": "object", "additionalProperties": False,
+            "required": ["think", "health", "health_reason", "bottleneck", "suggestions"],
+            "properties": {"think": {"type": "string"},
+                           "health": {"enum": [h.value for h in HealthState]},
+                           "health_reason": {"type": "string"},
+                           "bottleneck": {"enum": [b.value for b in Bottleneck]},
+                           "suggestions": {"type": "array", "items": suggestion, "minItems": 1,
+                                           "maxItems": max_suggestions}}}
+
+
+def generation_schema(space: SearchSpace, max_proposals: int) -> dict[str, Any]:
+    config = {"type": "object", "additionalProperties": False, "required": list(space.tunables),
+              "properties": {f: _domain_schema(space, f) for f in space.tunables}}
+    proposal = {"type": "object", "additionalProperties": False,
+                "required": ["config", "justification", "expected_impact", "confidence"],
+                "properties": {"config": config, "justification": {"type": "string"},
+                               "expected_impact": {"type": "string"},
+                               "confidence": {"type": "integer", "minimum": 0, "maximum": 100}}}
+    return {"type": "object", "additionalProperties": False, "required": ["think", "proposals"],
+            "properties": {"think": {"type": "string"},
+                           "proposals": {"type": "array", "items": proposal, "minItems": 1,
+                                         "maxItems": max_proposals}}}
+
+
+def failure_schema() -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False,
+            "required": ["think", "summary", "category", "params", "confidence", "retry"],
+            "properties": {"think": {"type": "string"}, "summary": {"type": "string"},
+                           "category": {"enum": [c.value for c in FailureCategory]},
+                           "params": {"type": "array", "items": {"type": "string"}},
+                           "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
+                           "retry": {"type": "boolean"}}}
+
+
+# -- values ------------------------------------------------------------------------------------
+
+def _field(name: Any, space: SearchSpace, errors: list[str], where: str) -> str | None:
+    try:
+        field = canonical_field(str(name).strip().replace(" ", "_"))
+    except KeyError:
+        errors.append(f"{where}: unknown parameter {name!r}; tunable here: "
+                      f"{', '.join(paper(f) for f in space.tunables)}")
+        return None
+    return field
+
+
+def _tunable_value(field: str, raw: Any, space: SearchSpace, errors: list[str], where: str) -> tuple[bool, Any]:
+    """(ok, value): `raw` coerced for `field` and checked against its domain."""
+    if field not in space.tunables:
+        fixed = space.fixed.get(field, Strategy.model_fields[field].default)
+        errors.append(f"{where}: {paper(field)} is fixed at {display_value(field, fixed)} in this job")
+        return False, None
+    value = coerce_value(field, raw)
+    domain = [coerce_value(field, v) for v in space.tunables[field]]
+    if value not in domain:
+        errors.append(f"{where}: {paper(field)}={display_value(field, value)} is outside the search space "
+                      f"(allowed: {', '.join(display_value(field, v) for v in domain)})")
+        return False, None
+    return True, value
+
+
+def _fail(errors: list[str]) -> None:
+    if errors:
+        more = f" (and {len(errors) - 6} more)" if len(errors) > 6 else ""
+        raise AnswerError("; ".join(errors[:6]) + more)
+
+
+# -- analysis ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AnalysisAnswer:
+    health: HealthState
+    health_reason: str
+    bottleneck: Bottleneck | None
+    suggestions: list[Suggestion]
+
+
+def _enum(cls: type, raw: Any) -> Any | None:
+    if raw is None:
+        return None
+    key = str(raw).strip().strip("*`'\"").rstrip(".")
+    for member in cls:
+        if key.lower() in (member.value.lower(), member.name.lower()) or \
+                key.lower().replace(" ", "_").replace("-", "_") == member.name.lower():
+            return member
+    return None
+
+
+def analysis_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpace, reference: Strategy,
+                    limit: int) -> AnalysisAnswer:
+    """Health, bottleneck and ranked suggestions from a JSON object or the paper's text form."""
+    errors: list[str] = []
+    raw_items: list[dict[str, Any]] = []
+    if data is not None:
+        health_raw, reason, bottleneck_raw = data.get("health"), data.get("health_reason", ""), data.get("bottleneck")
+        for item in data.get("suggestions") or []:
+            if not isinstance(item, dict):
+                errors.append(f"suggestion {item!r} is not an object")
+                continue
+            changes = item.get("changes")
+            if isinstance(item.get("change"), str) and not changes:
+                changes = [{"param": n, "from": a, "to": b} for n, a, b in parse_changes(item["change"])]
+            raw_items.append({"changes": changes or [], "reason": item.get("reason", ""),
+                              "expected_effect": item.get("expected_effect", item.get("expected", "")),
+                              "kind": item.get("kind", "standard")})
+    else:
+        kv = parse_kv(text)
+        health_raw, reason, bottleneck_raw = kv.get("health"), kv.get("health_reason", ""), kv.get("bottleneck")
+        for item in change_items(text):
+            raw_items.append({"changes": [{"param": n, "from": a, "to": b} for n, a, b in item.changes],
+                              "reason": item.fields.get("reason") or item.fields.get("why", ""),
+                              "expected_effect": item.fields.get("expected") or item.fields.get("expected_effect")
+                              or item.fields.get("expected_impact") or item.fields.get("impact", ""),
+                              "kind": item.fields.get("kind", "standard")})
+    health = _enum(HealthState, health_raw)
+    if health is None:
+        errors.append(f"health {health_raw!r} is not one of {', '.join(h.value for h in HealthState)}")
+    bottleneck = _enum(Bottleneck, bottleneck_raw)
+    if not raw_items:
+        errors.append('no suggestion found; give ranked "Change X from A to B." suggestions')
+    suggestions: list[Suggestion] = []
+    seen: set[str] = set()
+    for rank, item in enumerate(raw_items[:limit], start=1):
+        where = f"suggestion {rank}"
+        changes: dict[str, Any] = {}
+        for ch in item["changes"]:
+            if not isinstance(ch, dict) or "param" not in ch or "to" not in ch:
+                errors.append(f"{where}: a change needs param and to, got {ch!r}")
+                continue
+            field = _field(ch["param"], space, errors, where)
+            if field is None:
+                continue
+            ok, value = _tunable_value(field, ch["to"], space, errors, where)
+            if ok and value != getattr(reference.normalized(), field):
+                changes[field] = value
+        if not changes:
+            if not any(e.startswith(where) for e in errors):
+                errors.append(f"{where}: changes nothing against the current configuration")
+            continue
+        try:
+            target = apply_changes(reference, changes, space)
+        except ValueError as exc:
+            errors.append(f"{where}: not a valid configuration ({str(exc).splitlines()[0]})")
+            continue
+        if target.signature() in seen:
+            continue
+        seen.add(target.signature())
+        kind = "exploratory" if str(item["kind"]).strip().lower().startswith("explor") else "standard"
+        suggestions.append(Suggestion(
+            changes=[Change(param=f, old=getattr(reference, f), new=v) for f, v in changes.items()],
+            reason=str(item["reason"])[:400], expected_effect=str(item["expected_effect"])[:200], kind=kind))
+    _fail(errors)
+    return AnalysisAnswer(health=health, health_reason=str(reason)[:300], bottleneck=bottleneck,
+                          suggestions=suggestions)
+
+
+# -- generation --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProposalAnswer:
+    strategy: Strategy
+    justification: str
+    expected_impact: str
+    confidence: int
+
+
+def _confidence(raw: Any, errors: list[str], where: str, default: int = 50) -> int:
+    if raw is None or raw == "":
+        return default
+    m = re.search(r"-?\d+", str(raw))
+    if not m or not 0 <= int(m.group()) <= 100:
+        errors.append(f"{where}: confidence {raw!r} is not an integer in 0..100")
+        return default
+    return int(m.group())
+
+
+def generation_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpace, reference: Strategy,
+                      limit: int) -> list[ProposalAnswer]:
+    """Ranked complete configurations from {"proposals": [{"config": ...}]} or PROPOSAL blocks of
+    "KEY: value" lines. Parameters left out keep the current configuration's value."""
+    errors: list[str] = []
+    raw: list[tuple[dict[str, Any], str, str, Any]] = []
+    if data is not None:
+        items = data.get("proposals")
+        if items is None and isinstance(data.get("config"), dict):
+            items = [data]
+        for item in items or []:
+            if not isinstance(item, dict) or not isinstance(item.get("config", item.get("configuration")), dict):
+                errors.append(f"a proposal needs a config object, got {str(item)[:80]!r}")
+                continue
+            raw.append((item.get("config", item.get("configuration")),
+                        str(item.get("justification", item.get("rationale", ""))),
+                        str(item.get("expected_impact", "")), item.get("confidence")))
+    else:
+        for block in kv_blocks(text):
+            config = {k: v for k, v in block.items() if k not in _META}
+            conf = block.get("confidence") or parse_confidence(block["_text"])
+            raw.append((config, block.get("justification", block.get("rationale", block.get("reason", ""))),
+                        block.get("expected_impact", block.get("expected", block.get("impact", ""))), conf))
+    if not raw:
+        errors.append("no proposal found; give the complete parameter block of each proposal")
+    out: list[ProposalAnswer] = []
+    seen: set[str] = set()
+    for rank, (config, why, impact, conf) in enumerate(raw[:limit], start=1):
+        where = f"proposal {rank}"
+        n_before = len(errors)
+        values: dict[str, Any] = {}
+        for name, value in config.items():
+            field = _field(name, space, errors, where)
+            if field is None:
+                continue
+            if field in space.tunables:
+                ok, v = _tunable_value(field, value, space, errors, where)
+                if ok:
+                    values[field] = v
+            else:
+                expected = getattr(reference, field)
+                if coerce_value(field, value) != expected:
+                    errors.append(f"{where}: {paper(field)} is fixed at {display_value(field, expected)} "
+                                  f"in this job")
+        confidence = _confidence(conf, errors, where)
+        if len(errors) > n_before:
+            continue
+        try:
+            strategy = repair(reference.changed(**values), space)
+        except ValueError as exc:
+            errors.append(f"{where}: not a valid configuration ({str(exc).splitlines()[0]})")
+            continue
+        outside = space.outside(strategy)
+        if outside:
+            errors.append(f"{where}: {outside[0]}")
+            continue
+        if strategy.signature() in seen:
+            continue
+        seen.add(strategy.signature())
+        out.append(ProposalAnswer(strategy=strategy, justification=why.strip()[:400],
+                                  expected_impact=impact.strip()[:200], confidence=confidence))
+    _fail(errors)
+    return out
+
+
+# -- failure -----------------------------------------------------------------------------------
+
+_PARAM_ERRORS = (FailureCategory.OOM, FailureCategory.INVALID_CONFIG)
+
+
+def clip_words(text: str, limit: int = SUMMARY_WORDS) -> str:
+    words = text.split()
+    return text if len(words) <= limit else " ".join(words[:limit]) + " ..."
+
+
+def failure_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpace,
+                   detected: FailureCategory | None, excerpt: str) -> Failure:
+    """The diagnosis from {"summary", "category", "params", "confidence", "retry"} or the paper's
+    one line "<PARAMS> <VALUES> caused <ERROR> (Confidence: X)" / "<ERROR>. No parameter issue.
+    RETRY (Confidence: X)". `detected` is the category the log shows for certain (the rules'
+    reading of its first error, or the launcher's), used when the answer names none and to
+    refuse a RETRY of a parameter-related error."""
+    errors: list[str] = []
+    if data is not None:
+        summary = str(data.get("summary") or "").strip()
+        category = _enum(FailureCategory, data.get("category")) or detected or FailureCategory.UNKNOWN
+        names = data.get("params") or []
+        if isinstance(names, str):
+            names = [names]
+        confidence = _confidence(data.get("confidence", parse_confidence(summary)), errors, "diagnosis", default=-1)
+        retry = bool(data.get("retry")) or _says_retry(summary)
+    else:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        summary = next((ln for ln in lines if re.search(r"\bcaused\b|RETRY|underlying issue", ln, re.I)),
+                       lines[0] if lines else "")
+        summary = re.sub(r"^(?:\**\s*(?:diagnosis|answer|summary)\s*:\**\s*)", "", summary, flags=re.I)
+        category = _enum(FailureCategory, parse_kv(text).get("category")) or detected or FailureCategory.UNKNOWN
+        head = re.split(r"\bcaused\b", summary, maxsplit=1, flags=re.I)
+        names = [m.group(1) for part in re.split(r",|\band\b", head[0]) if len(head) > 1
+                 for m in [re.match(r"\s*([A-Za-z_][\w\-]*)", part)] if m]
+        confidence = parse_confidence(summary if parse_confidence(summary) is not None else text)
+        confidence = -1 if confidence is None else confidence
+        retry = _says_retry(summary)
+    if not summary:
+        errors.append("empty diagnosis; answer with one line in the required form")
+    if confidence < 0 or confidence > 100:
+        errors.append('no confidence in 0..100; end the line with "(Confidence: N)"')
+    params: list[str] = []
+    for name in names:
+        field = _field(name, space, errors, "diagnosis")
+        if field and field not in params:
+            params.append(field)
+    if retry and detected in _PARAM_ERRORS:
+        errors.append(f"the log shows a {detected.value} error, which the configuration causes: it is not "
+                      f"'No parameter issue. RETRY'; name the parameters responsible")
+    if retry:
+        params = []
+    _fail(errors)
+    # The paper's form ends with the confidence; the word limit applies to what precedes it.
+    body = re.sub(r"\s*\(?\s*Confidence\s*[:=]?\s*\d{1,3}\s*%?\s*\)?\s*$", "", summary, flags=re.I)
+    summary = f"{clip_words(body, SUMMARY_WORDS - 3)} (Confidence: {confidence})"  # 27 + "..." + 2
+    return Failure(category=category, summary=summary, params=params[:3], confidence=confidence,
+                   retry=retry and category not in _PARAM_ERRORS, log_excerpt=excerpt)
+
+
+def _says_retry(summary: str) -> bool:
+    return bool(re.search(r"No parameter issue", summary, re.I) and re.search(r"\bRETRY\b", summary))

@@ -1,0 +1,168 @@
+"""Reading a model's answer: JSON where it gave JSON, else the paper's text formats.
+
+Tolerant by design — a reasoning block before the answer, a JSON object inside a code
+fence, "Change TP from 2 to 1 and MICRO_BATCH_SIZE from 1 to 2.", "KEY: value" lines,
+"(Confidence: 85)" — because open models answer in many shapes. Nothing here decides
+whether an answer is *valid*; `optico.llm.answers` does, against the job's search space.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from optico.strategy import Strategy
+
+_THINK = re.compile(r"<think>(.*?)</think>", re.S | re.I)
+_JSON_FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.S | re.I)
+_PAIR = re.compile(r"([A-Za-z_][\w\-]*)\s+from\s+([^\s,;]+?)\s+to\s+([^\s,;]+?)(?=\s*(?:,|;|\band\b|\.(?:\s|$)|\)|$))",
+                   re.I)
+_CHANGE = re.compile(r"\bChange\s+(.*?)(?:\.(?=\s|$)|$)", re.I | re.S)
+_CONFIDENCE = re.compile(r"\(?\s*Confidence\s*[:=]?\s*(\d{1,3})\s*%?\s*\)?", re.I)
+_KV = re.compile(r"^\s*(?:[-*]\s*)?\**([A-Za-z][A-Za-z0-9_ \-]{0,40}?)\**\s*[:=]\s*(.*?)\s*$")
+_ITEM = re.compile(r"^\s*(?:\d+[.)]|[-*])\s+")
+_NONE = {"none", "null", "no", "off", "-", "", "n/a", "disabled"}
+_TRUE = {"true", "yes", "on", "1", "enabled"}
+_FALSE = {"false", "no", "off", "0", "disabled"}
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """(reasoning, answer): the <think> blocks and what remains.
+
+    Handles a missing opening tag (some chat templates open it in the prompt) and an
+    unclosed one (a reasoning model cut off by max_tokens: all reasoning, no answer)."""
+    thoughts = [m.strip() for m in _THINK.findall(text)]
+    rest = _THINK.sub("", text)
+    if "</think>" in rest.lower():
+        head, _, rest = re.split(r"(</think>)", rest, maxsplit=1, flags=re.I)
+        thoughts.insert(0, head.strip())
+    elif "<think>" in rest.lower():
+        rest, _, tail = re.split(r"(<think>)", rest, maxsplit=1, flags=re.I)
+        thoughts.append(tail.strip())
+    return "\n\n".join(t for t in thoughts if t), rest.strip()
+
+
+def extract_json(text: str) -> Any | None:
+    """The first JSON object in `text` (whole, in a code fence, or embedded), else None."""
+    text = text.strip()
+    candidates = [text] + [m.strip() for m in _JSON_FENCE.findall(text)]
+    for c in candidates:
+        try:
+            value = json.loads(c)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    decoder = json.JSONDecoder()
+    for i, ch in enumerate(text):
+        if ch == "{":
+            try:
+                value, _ = decoder.raw_decode(text, i)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def parse_confidence(text: str) -> int | None:
+    """N of the last "(Confidence: N)" in `text`."""
+    found = _CONFIDENCE.findall(text)
+    return int(found[-1]) if found else None
+
+
+def _scalar(raw: str) -> str:
+    return raw.strip().strip("'\"`*").rstrip(".,;:)")
+
+
+def parse_changes(sentence: str) -> list[tuple[str, str, str]]:
+    """[(name, old, new)] from "Change X from A to B, Y from C to D and Z from E to F."."""
+    m = _CHANGE.search(sentence)
+    body = m.group(1) if m else sentence
+    return [(name, _scalar(old), _scalar(new)) for name, old, new in _PAIR.findall(body)]
+
+
+@dataclass
+class TextItem:
+    """One numbered or bulleted item of a text answer."""
+
+    text: str
+    changes: list[tuple[str, str, str]] = field(default_factory=list)
+    fields: dict[str, str] = field(default_factory=dict)
+    confidence: int | None = None
+
+
+def change_items(text: str) -> list[TextItem]:
+    """Items that contain a "Change ..." sentence, with their "Reason:"/"Expected:" fields."""
+    items: list[list[str]] = []
+    for line in text.splitlines():
+        if _ITEM.match(line) or (re.match(r"^\s*Change\b", line, re.I) and (not items or items[-1])):
+            items.append([_ITEM.sub("", line, count=1)])
+        elif items and line.strip():
+            items[-1].append(line.strip())
+    out = []
+    for lines in items:
+        body = " ".join(lines)
+        changes = parse_changes(body)
+        if not changes:
+            continue
+        fields = {}
+        for key in ("reason", "why", "expected", "expected_effect", "expected impact", "impact", "kind"):
+            m = re.search(rf"\b{key}\s*:\s*(.*?)(?=\s+\b(?:reason|why|expected|expected_effect|expected impact|"
+                          rf"impact|kind|confidence)\s*:|\(Confidence|$)", body, re.I)
+            if m:
+                fields[key.replace(" ", "_")] = m.group(1).strip()
+        out.append(TextItem(text=body, changes=changes, fields=fields, confidence=parse_confidence(body)))
+    return out
+
+
+def parse_kv(text: str) -> dict[str, str]:
+    """"KEY: value" lines as {key: value}, keys lower-cased with spaces as underscores."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _KV.match(line)
+        if m and m.group(2):
+            out[m.group(1).strip().lower().replace(" ", "_").replace("-", "_")] = m.group(2)
+    return out
+
+
+def kv_blocks(text: str, header: str = "proposal") -> list[dict[str, str]]:
+    """"KEY: value" blocks, split at lines starting with `header` (else at blank lines).
+    Each block also carries its raw text under "_text"."""
+    parts = re.split(rf"^\s*(?:#+\s*)?\**{header}\b[^\n]*$", text, flags=re.I | re.M)
+    if len(parts) == 1:
+        parts = re.split(r"\n\s*\n", text)
+    blocks = []
+    for part in parts:
+        kv = parse_kv(part)
+        if kv:
+            kv["_text"] = part.strip()
+            blocks.append(kv)
+    return blocks
+
+
+def coerce_value(field_name: str, raw: Any) -> Any:
+    """A value as the Strategy model wants it: "none" -> None, "true" -> True, "2" -> 2."""
+    annotation = Strategy.model_fields[field_name].annotation
+    if not isinstance(raw, str):
+        if field_name == "virtual_pipeline_model_parallel_size" and raw == 1:
+            return None
+        return raw
+    s = _scalar(raw)
+    low = s.lower()
+    if annotation is bool:
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        return s
+    if low in _NONE and field_name not in ("moe_token_dispatcher_type",):
+        return None
+    if re.fullmatch(r"[+-]?\d+", s):
+        value = int(s)
+        if field_name == "virtual_pipeline_model_parallel_size" and value == 1:
+            return None
+        return value
+    return s

@@ -1,0 +1,124 @@
+"""Where the LLM endpoint is and how to talk to it: `OPTICO_LLM_*` environment variables.
+
+Every OpenAI-compatible server speaks Chat Completions, so one client serves OpenAI,
+Azure OpenAI, vLLM, SGLang and Ollama; only the base URL, the model name and (for Azure)
+the API version differ. See docs/llm.md for one block per endpoint kind.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# USD per million (prompt, completion) tokens, list prices when this table was written.
+# Local servers (vLLM, SGLang, Ollama) cost nothing per token: their models are not listed,
+# and an unlisted model reports no cost rather than a guessed one. Override with
+# OPTICO_LLM_PRICES='{"my-model": [0.5, 1.5]}'.
+DEFAULT_PRICES: dict[str, tuple[float, float]] = {
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1-nano": (0.10, 0.40),
+    "o4-mini": (1.10, 4.40),
+}
+
+StructuredOutput = Literal["auto", "json_schema", "json_object", "text"]
+
+
+class LLMSettings(BaseSettings):
+    """The endpoint, the model and the call policy. Each field reads `OPTICO_LLM_<FIELD>`."""
+
+    model_config = SettingsConfigDict(env_prefix="OPTICO_LLM_", extra="ignore", populate_by_name=True,
+                                      frozen=True, env_parse_none_str="none")
+
+    base_url: str | None = Field(None, description="Chat Completions base URL, e.g. http://localhost:8000/v1 "
+                                                   "(vLLM); None = api.openai.com. Azure: the resource endpoint.")
+    model: str | None = Field(None, description="Model name as the server knows it (Azure: the deployment).")
+    api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("OPTICO_LLM_API_KEY", "OPENAI_API_KEY"),
+        description="Bearer key; falls back to OPENAI_API_KEY. Local servers need none.")
+    provider: Literal["openai", "azure"] = Field("openai", description="azure: use the AzureOpenAI client "
+                                                                        "(api-key header, api-version query).")
+    api_version: str | None = Field(None, description="Azure OpenAI API version, e.g. 2024-10-21.")
+    temperature: float | None = Field(0.2, ge=0, le=2, description="Sampling temperature; low keeps reruns "
+                                                                    "alike. none: not sent (models that refuse it).")
+    max_tokens: int = Field(2048, gt=0, description="Completion tokens per call at most (reasoning included).")
+    timeout_s: float = Field(60.0, gt=0, description="Seconds one HTTP attempt may take before it counts as "
+                                                     "a timeout and is retried.")
+    max_attempts: int = Field(4, ge=1, le=20, description="HTTP attempts per call (429, 5xx, timeouts and "
+                                                          "connection errors are retried), then the agent "
+                                                          "falls back to its offline reasoner.")
+    backoff_base_s: float = Field(1.0, gt=0, description="First backoff; doubles per attempt, with full jitter.")
+    backoff_max_s: float = Field(30.0, gt=0, description="Longest backoff between two attempts.")
+    retry_after_max_s: float = Field(60.0, ge=0, description="A server's Retry-After is honoured up to this.")
+    structured_output: StructuredOutput = Field(
+        "auto", description="auto: try a JSON schema, then JSON mode, then plain text, remembering what the "
+                            "endpoint accepted; or force one of them.")
+    prices: dict[str, tuple[float, float]] = Field(
+        default_factory=lambda: dict(DEFAULT_PRICES),
+        description="Model -> USD per million (prompt, completion) tokens, for the cost of each call.")
+    max_proposals: int = Field(3, ge=1, le=12, description="Ranked proposals the generation agent may return.")
+    max_suggestions: int = Field(6, ge=1, le=12, description="Ranked suggestions the analysis agent may return.")
+    model_candidates: int = Field(8, ge=0, le=30, description="Performance-model candidate moves shown to the "
+                                                               "analysis agent as evidence.")
+    history_best_k: int = Field(5, ge=1, description="Best successful runs the history view keeps.")
+    history_last_n: int = Field(6, ge=1, description="Most recent runs the history view keeps.")
+    history_token_budget: int = Field(2500, ge=200, description="Tokens (estimated) the history view may use.")
+    log_max_chars: int = Field(4000, ge=500, description="Characters of a training log a prompt may quote.")
+    breaker_failures: int = Field(3, ge=1, description="Calls failing in a row (after their retries) before "
+                                                       "the endpoint is skipped for `breaker_cooldown_s`.")
+    breaker_cooldown_s: float = Field(300.0, ge=0, description="How long a tripped breaker skips the endpoint.")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> LLMSettings:
+        if self.provider == "azure" and not (self.base_url and self.api_version):
+            raise ValueError("OPTICO_LLM_PROVIDER=azure needs OPTICO_LLM_BASE_URL (the resource endpoint) "
+                             "and OPTICO_LLM_API_VERSION")
+        return self
+
+    def require_model(self) -> str:
+        if not self.model:
+            raise ValueError("OPTICO_LLM_MODEL is not set: name the model the endpoint serves "
+                             "(e.g. gpt-4.1-mini, or the model vLLM/Ollama was started with)")
+        return self.model
+
+    def secrets(self) -> list[str]:
+        """Values that must never be stored or printed."""
+        key = self.api_key.get_secret_value() if self.api_key else ""
+        return [key] if len(key) >= 4 else []
+
+    def price(self, model: str) -> tuple[float, float] | None:
+        """(prompt, completion) USD per million tokens: the exact name, else the longest listed prefix
+        (a dated snapshot such as gpt-4o-mini-2024-07-18 costs what gpt-4o-mini costs)."""
+        if model in self.prices:
+            return self.prices[model]
+        matches = [name for name in self.prices if model.startswith(name)]
+        return self.prices[max(matches, key=len)] if matches else None
+
+    def endpoint_label(self) -> str:
+        """The base URL without credentials or query (safe to store and print)."""
+        if not self.base_url:
+            return "https://api.openai.com/v1"
+        parts = urlsplit(self.base_url)
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def load_settings(**overrides: object) -> LLMSettings:
+    """Settings from the environment (and `overrides`); ValueError with a one-line reason,
+    naming the variable, when they cannot work."""
+    try:
+        settings = LLMSettings(**overrides)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ValueError(f"OPTICO_LLM_{where.upper()}: {msg}" if where else msg) from None
+    settings.require_model()
+    return settings

@@ -1,0 +1,84 @@
+"""Text a prompt quotes but must not obey: training logs and earlier model output.
+
+A log is whatever the training program printed — including, possibly, a line that reads
+like an instruction. Such text reaches a model only (1) cleaned: ANSI escapes and control
+characters removed; (2) trimmed around the first error, keeping the head and the tail;
+(3) fenced, with a fence longer than any run of backticks inside, so the text cannot
+close its own block. The system prompts say fenced blocks are data. None of this makes
+injection impossible — the guard still checks every candidate the model proposes.
+"""
+
+from __future__ import annotations
+
+import re
+
+# CSI (colours, cursor moves), OSC (titles, hyperlinks) and two-byte escapes.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_ERROR = re.compile(
+    r"Traceback \(most recent call last\)|CUDA out of memory|OutOfMemoryError|Watchdog caught|"
+    r"\b[A-Za-z_.]*(?:Error|Exception)\b:|AssertionError|Segmentation fault|core dumped|"
+    r"\bNCCL error\b|\bfatal\b|no output for \d+", re.I)
+_BACKTICKS = re.compile(r"`+")
+
+
+def clean(text: str) -> str:
+    """ANSI escapes and control characters removed; carriage-return progress bars become lines."""
+    text = _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
+    return _CONTROL.sub("", text)
+
+
+def first_error_index(lines: list[str]) -> int | None:
+    """Index of the first line that looks like an error (the first error explains the rest)."""
+    return next((i for i, line in enumerate(lines) if _ERROR.search(line)), None)
+
+
+def _assemble(lines: list[str], keep: list[int]) -> str:
+    out, last = [], -1
+    for i in keep:
+        if i > last + 1:
+            out.append(f"[... {i - last - 1} lines omitted ...]")
+        out.append(lines[i])
+        last = i
+    if last < len(lines) - 1:
+        out.append(f"[... {len(lines) - 1 - last} lines omitted ...]")
+    return "\n".join(out)
+
+
+def excerpt(log: str, max_chars: int = 4000, *, head: int = 8, before: int = 4, after: int = 16,
+            tail: int = 16, line_chars: int = 400) -> str:
+    """The log cleaned and cut to `max_chars`: its head, a window around the first error and
+    its tail, each gap marked with how many lines were left out."""
+    lines = [line if len(line) <= line_chars else line[:line_chars] + " [...]" for line in clean(log).splitlines()]
+    text = "\n".join(lines)
+    if len(text) <= max_chars:
+        return text
+    err = first_error_index(lines)
+    while True:
+        keep = set(range(min(head, len(lines)))) | set(range(max(0, len(lines) - tail), len(lines)))
+        if err is not None:
+            keep |= set(range(max(0, err - before), min(len(lines), err + after + 1)))
+        text = _assemble(lines, sorted(keep))
+        if len(text) <= max_chars or head + tail + after + before <= 4:
+            break
+        # Shrink the tail and the head first: the first error matters most.
+        head, tail, after, before = head // 2, tail // 2, max(2, after * 2 // 3), max(1, before // 2)
+    if len(text) > max_chars:  # a few enormous lines: keep the start of the first error's window
+        text = text[: max_chars - 20] + "\n[... truncated ...]"
+    return text
+
+
+def fence(text: str, label: str) -> str:
+    """`text` in a fenced block labelled `untrusted-<label>` that the text cannot close."""
+    longest = max((len(m.group()) for m in _BACKTICKS.finditer(text)), default=0)
+    bar = "`" * max(3, longest + 1)
+    return f"{bar}untrusted-{label}\n{text}\n{bar}"
+
+
+def cell(text: str | None, words: int = 30) -> str:
+    """One table cell of untrusted text: one line, no pipes or backticks, at most `words` words."""
+    if not text:
+        return ""
+    flat = " ".join(clean(text).replace("|", "/").replace("`", "'").split())
+    parts = flat.split(" ")
+    return flat if len(parts) <= words else " ".join(parts[:words]) + " ..."

@@ -1,0 +1,111 @@
+"""The commands: `optico tune ... --reasoner openai`, `optico jobs show ID --messages` and
+`optico llm check`, against the scripted server (in-process, through typer's runner)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from llm_testkit import API_KEY, EXAMPLE
+from typer.testing import CliRunner
+
+from optico.cli import app
+from optico.pool.store import SqlStore
+
+runner = CliRunner()
+
+
+def _tune(db_url: str, *args: str):
+    result = runner.invoke(app, ["tune", *args, "--database", db_url], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result
+
+
+def test_tune_example_with_reasoner_openai_records_every_iteration(db_url: str, fake_llm, tmp_path: Path):
+    server = fake_llm()
+    out = tmp_path / "result.json"
+    _tune(db_url, str(EXAMPLE), "--reasoner", "openai", "--max-trials", "6", "--json", str(out))
+    result = json.loads(out.read_text())
+    assert result["status"] == "completed"
+    store = SqlStore(db_url)
+    job = result["job_id"]
+    assert store.get_job(job).spec.reasoner.model_dump() == {"analysis": "openai", "generation": "openai",
+                                                            "failure": "openai"}
+    trials = result["trials"]
+    for t in trials[1:]:
+        i = t["index"]
+        if t["rationale"].startswith("RETRY"):
+            continue
+        msgs = {(m.agent, m.kind): m.content for m in store.messages(job, i)}
+        analysis = msgs[("analysis", "output")]
+        assert analysis["reasoner"] == "openai" and analysis["health"] and analysis["suggestions"]
+        assert msgs[("analysis", "llm_call")]["prompt_tokens"] > 0
+        generated = msgs[("generation", "output")]
+        assert generated["reasoner"] == "openai"
+        assert generated["proposals"][0]["strategy"] == t["strategy"] or \
+            msgs[("guard", "verdict")]["admitted"] == t["strategy"]
+    for t in trials:
+        if t["status"] == "failed":
+            diagnosis = {m.kind: m.content for m in store.messages(job, t["index"]) if m.agent == "failure"}
+            assert diagnosis["llm_call"]["error"] is None and 0 <= diagnosis["diagnosis"]["confidence"] <= 100
+    assert len(server.by_role("analysis")) == len([t for t in trials[1:] if not t["rationale"].startswith("RETRY")])
+    store.close()
+
+
+def test_jobs_show_messages_displays_the_llm_audit_trail(db_url: str, fake_llm, tmp_path: Path):
+    fake_llm()
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec["launcher"] = {"kind": "sim", "hang_rate": 0.5}  # failures, for the failure agent
+    path = tmp_path / "llama3-8b-hangs.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    _tune(db_url, str(path), "--reasoner", "openai", "--max-trials", "4", "--seed", "3")
+    store = SqlStore(db_url)
+    trials = store.trials(1)
+    assert any(t.failure for t in trials), "seed 3 with hang_rate 0.5 should fail a run"
+    store.close()
+    shown = runner.invoke(app, ["jobs", "show", "1", "--messages", "--database", db_url], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    text = shown.output
+    assert "analysis · llm_call" in text and "generation · llm_call" in text and "failure · llm_call" in text
+    assert '"health":' in text and '"prompt_tokens":' in text and "(Confidence: " in text
+    assert '"reasoning":' not in text  # the chain of thought is stored, shown on request
+    assert API_KEY not in text
+    with_reasoning = runner.invoke(app, ["jobs", "show", "1", "--messages", "--reasoning", "--database", db_url],
+                                   env={"COLUMNS": "200"})
+    assert '"reasoning":' in with_reasoning.output
+
+
+def test_llm_check_reports_model_latency_and_json_schema_support(fake_llm):
+    fake_llm()
+    ok = runner.invoke(app, ["llm", "check", "--json"])
+    assert ok.exit_code == 0, ok.output
+    report = json.loads(ok.output)
+    assert report["model"] == "fake-model" and report["json_schema"] is True and report["answer_ok"]
+    assert report["model_listed"] is True and report["latency_s"] >= 0 and report["attempts"] == 1
+    text = runner.invoke(app, ["llm", "check"])
+    assert "JSON schema  supported" in text.output and API_KEY not in text.output
+
+
+def test_llm_check_on_an_endpoint_without_json_schema(fake_llm):
+    fake_llm(formats=("json_object",))
+    report = json.loads(runner.invoke(app, ["llm", "check", "--json"]).output)
+    assert report["json_schema"] is False and report["structured_output"] == "json_object" and report["answer_ok"]
+
+
+def test_llm_check_fails_cleanly(fake_llm, monkeypatch):
+    fake_llm(require_key="sk-another-key-entirely-000")
+    failed = runner.invoke(app, ["llm", "check"])
+    assert failed.exit_code == 1 and "AuthenticationError 401" in failed.output
+    assert API_KEY not in failed.output
+    monkeypatch.delenv("OPTICO_LLM_MODEL")
+    unset = runner.invoke(app, ["llm", "check"])
+    assert unset.exit_code == 2 and "OPTICO_LLM_MODEL is not set" in unset.output
+
+
+def test_tune_refuses_an_llm_job_without_settings(db_url: str, monkeypatch):
+    monkeypatch.delenv("OPTICO_LLM_MODEL", raising=False)
+    result = runner.invoke(app, ["tune", str(EXAMPLE), "--reasoner", "openai", "--database", db_url])
+    assert result.exit_code == 2 and "OPTICO_LLM_MODEL is not set" in result.output
+    bad = runner.invoke(app, ["tune", str(EXAMPLE), "--reasoner", "gpt", "--database", db_url])
+    assert bad.exit_code == 2 and "--reasoner: unknown reasoner 'gpt'" in bad.output
