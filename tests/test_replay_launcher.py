@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from optico.gpus import GPUS
 from optico.launchers.base import Launcher
 from optico.launchers.replay import TIMED_STEPS, ReplayLauncher
 from optico.perfmodel.flops import flops_per_iteration
@@ -54,7 +55,7 @@ def test_measured_config_returns_the_table(launcher: ReplayLauncher) -> None:
     w = workload()
     assert m.step_time_s == pytest.approx(flops_per_iteration(w, 1) / (m.tflops_per_gpu * 1e12 * 8))
     assert m.tokens_per_s_per_gpu == pytest.approx(512 * 8192 / (m.step_time_s * 8))
-    assert (m.mem_max_gib, m.mem_limit_gib) == (75.48, 79.2)
+    assert (m.mem_max_gib, m.mem_limit_gib) == (75.48, GPUS["a100-80gb"].memory_gib)
     assert result.gpu_seconds == pytest.approx(m.step_time_s * 8 * TIMED_STEPS)
     assert result.fingerprint["replay_of"] == "optico_llama3_8b_a100.csv:3"
     assert "OptiCo paper" in result.fingerprint["source"]

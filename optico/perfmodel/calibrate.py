@@ -54,10 +54,11 @@ def _residuals(c: Constants, rows: list[tuple[str, ReplayRow, float | None]],
             res.append(w * math.log(pred.mfu / mfu))
         if row.result == "ok" and row.mem_max_gib:
             res.append(w * MEM_WEIGHT * math.log(_memory_as_measured(row, pred) / row.mem_max_gib))
+        needed = pred.memory.needed_gib
         if row.result == "oom":
-            res.append(w * OOM_WEIGHT * max(0.0, math.log(limit / pred.mem_gib)))
+            res.append(w * OOM_WEIGHT * max(0.0, math.log(limit / needed)))
         elif row.result == "ok":
-            res.append(w * OOM_WEIGHT * max(0.0, math.log(pred.mem_gib / limit)))
+            res.append(w * OOM_WEIGHT * max(0.0, math.log(needed / limit)))
     return np.array(res)
 
 

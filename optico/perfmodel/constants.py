@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
 
 
-# oom_margin is policy, not physics; fragmentation scales activations exactly as activation_scale does.
+# oom_margin is policy, not physics; fragmentation is the caching allocator's typical slack (~5 %), which
+# would otherwise trade off one for one against activation_scale.
 _NOT_FITTED = {"oom_margin", "mem_fragmentation"}
 
 

@@ -36,7 +36,13 @@ class MemoryBreakdown(BaseModel):
     overhead_gib: float
     total_gib: float
     limit_gib: float
+    reclaimable_gib: float = 0.0  # allocator slack PyTorch frees and retries with before an OOM
     stage_totals_gib: list[float] = []
+
+    @property
+    def needed_gib(self) -> float:
+        """What must fit: the peak without the caching allocator's reclaimable slack."""
+        return self.total_gib - self.reclaimable_gib
 
     @property
     def fraction(self) -> float:
@@ -125,7 +131,8 @@ def memory(w: Workload, s: Strategy, lay: Layout, c: Constants) -> MemoryBreakdo
         weights = (3.0 if w.precision == "fp8" else 2.0) * params  # fp8 adds a cached fp8 copy
         grads = 4.0 * params
         optimizer = 12.0 * (dense / dense_shard + expert / expert_shard)
-        acts = stage_activation_bytes(w, s, lay, c, stage) * (1 + c.mem_fragmentation)
+        raw_acts = stage_activation_bytes(w, s, lay, c, stage)
+        acts = raw_acts * (1 + c.mem_fragmentation)
         logits = 0.0
         if stage == lay.pp - 1:
             per_element = c.logits_bytes_fused if s.cross_entropy_loss_fusion else c.logits_bytes
@@ -135,7 +142,7 @@ def memory(w: Workload, s: Strategy, lay: Layout, c: Constants) -> MemoryBreakdo
         candidate = MemoryBreakdown(
             stage=stage, weights_gib=weights / GIB, grads_gib=grads / GIB, optimizer_gib=optimizer / GIB,
             activations_gib=acts / GIB, logits_gib=logits / GIB, overhead_gib=c.mem_overhead_gib,
-            total_gib=total, limit_gib=limit)
+            total_gib=total, limit_gib=limit, reclaimable_gib=raw_acts * c.mem_fragmentation / GIB)
         if best is None or candidate.total_gib > best.total_gib:
             best = candidate
     assert best is not None

@@ -51,5 +51,5 @@ def predict(w: Workload, s: Strategy, c: Constants | None = None) -> Prediction:
     return Prediction(
         step_time_s=step, tflops_per_gpu=tflops, mfu=tflops / peak, hfu=hfu,
         tokens_per_s_per_gpu=w.global_batch_size * w.seq_length / (step * w.world_size),
-        memory=mem, time=time, fits=mem.total_gib <= mem.limit_gib, bottleneck=bottleneck,
+        memory=mem, time=time, fits=mem.needed_gib <= mem.limit_gib, bottleneck=bottleneck,
         evidence=evidence)

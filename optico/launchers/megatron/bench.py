@@ -190,7 +190,7 @@ class _Run:
         from optico.launchers.megatron import compat, model as mdl
 
         self.compat, self.mdl = compat, mdl
-        self.shim = self.shim + compat.apply_no_te_fixes()
+        self.shim = self.shim + compat.apply_no_te_fixes() + compat.fuse_rope_without_te()
         w, s = self.spec.workload, self.spec.strategy
         self.phase = "validate"
         if self.spec.check_rules:

@@ -85,6 +85,29 @@ def apply_no_te_fixes() -> list[str]:
     return applied
 
 
+FUSE_ROPE_ENV = "OPTICO_BENCH_FUSE_ROPE"
+
+
+def fuse_rope_without_te() -> list[str]:
+    """Compiles megatron-core's unfused RoPE with torch.compile (CUDA, no TE, opt-in).
+
+    Megatron's `apply_rope_fusion` needs Transformer Engine; without it RoPE runs as separate
+    cos, sin, chunk, neg, cat, mul and add kernels for q and k of every layer — on an H100 about
+    a tenth of a 1B model's step (benchmarks/gpu_profile.py). torch.compile turns the same
+    function into one fused kernel forward and one backward, as megatron's own `jit_fuser`
+    does for SwiGLU. Opt-in (OPTICO_BENCH_FUSE_ROPE=1) so earlier measurements stay comparable."""
+    import os
+
+    import torch
+
+    if HAVE_TE or not torch.cuda.is_available() or os.environ.get(FUSE_ROPE_ENV) != "1":
+        return []
+    from megatron.core.models.common.embeddings import rope_utils
+
+    rope_utils._apply_rotary_pos_emb_bshd = torch.compile(rope_utils._apply_rotary_pos_emb_bshd, dynamic=False)
+    return ["rope_utils._apply_rotary_pos_emb_bshd compiled with torch.compile (no TE fused RoPE)"]
+
+
 def init_tp_comm_overlap(*, seq_length: int, micro_batch_size: int, context_parallel_size: int,
                          hidden_size: int, tp: int, fp8: bool) -> None:
     """Transformer Engine's userbuffers for TP communication/GEMM overlap, as Megatron-LM
