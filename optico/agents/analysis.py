@@ -26,6 +26,8 @@ from optico.trial import Trial, TrialStatus
 
 # Suggestions within this MFU of each other count as a tie: the smaller move wins.
 _TIE = 0.004
+# A move answering the health state goes first if it is expected within this fraction of the best.
+_HEALTH_SLACK = 0.03
 
 
 def diagnose_health(ref: Trial | None, mem_fraction: float | None) -> tuple[HealthState, str]:
@@ -130,9 +132,11 @@ class RulesAnalysis:
 
         # Best predicted first; near-ties go to standard moves, then to fewer changes.
         scored.sort(key=lambda x: (-round(x[0] / _TIE), not x[2], x[1]))
-        if health != HealthState.PERFORMANCE_TUNE:
-            # The diagnosed state is answered first, as the paper's procedure does.
-            scored.sort(key=lambda x: not x[2])
+        if health != HealthState.PERFORMANCE_TUNE and scored:
+            # The diagnosed state is answered first, as the paper's procedure does — unless the
+            # model expects clearly more from another move (a rule must not hide a large win).
+            best = scored[0][0]
+            scored.sort(key=lambda x: not (x[2] and x[0] >= best * (1 - _HEALTH_SLACK)))
         suggestions = []
         for _, n_changes, standard, cand in scored[: inp.max_suggestions]:
             mfu = model.mfu(cand)
