@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from optico.bench.cli import bench
 from optico.llm.cli import llm_app
 from optico.spec import JobSpec, ReasonerSpec, SpecError, load_spec
 
@@ -24,6 +25,7 @@ app.add_typer(jobs_app, name="jobs")
 app.add_typer(perf_app, name="perfmodel")
 app.add_typer(db_app, name="db")
 app.add_typer(llm_app, name="llm")
+app.command("bench")(bench)
 
 console = Console()
 err = Console(stderr=True)

@@ -159,8 +159,11 @@ class SearchSpace(BaseModel):
             data = dict(self.fixed)
             data.update(zip(fields, values))
             s = Strategy.model_validate(data).normalized()
+            # Validity first: most of a product is invalid, and the signature (JSON + hash) costs more.
+            if not is_valid(w, s):
+                continue
             sig = s.signature()
-            if sig in seen or not is_valid(w, s):
+            if sig in seen:
                 continue
             seen.add(sig)
             yield s

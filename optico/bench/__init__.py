@@ -1,0 +1,10 @@
+"""The tuner benchmark (`optico bench`): OptiCo against black-box search and the expert.
+
+- `landscapes`: simulated landscapes with hidden constants and effects, replay landscapes
+- `experts`: the expert baseline of a landscape (example specs, NVIDIA's recipes)
+- `tuners`: the `Tuner` contract and the tuners (optico, random, grid, optuna, expert)
+- `metrics`: per-run figures and their medians
+- `suite`: which landscapes, running every tuner on them (in parallel)
+- `report`: Markdown, JSON, the convergence plot
+- `cli`: the `optico bench` command
+"""

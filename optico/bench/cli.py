@@ -1,0 +1,87 @@
+"""`optico bench`: every tuner on every landscape, side by side (registered in optico.cli)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+
+console = Console()
+err = Console(stderr=True)
+
+
+def bench(
+    suite: str = typer.Option("all", "--suite", help="Built-in landscapes: sim, replay or all."),
+    landscape: Optional[list[Path]] = typer.Option(None, "--landscape", metavar="FILE.csv",
+                                                   help="Also replay every workload of this CSV (repeatable)."),
+    tuners: str = typer.Option("optico,random,grid,optuna", "--tuners",
+                               help="Comma-separated: optico, random, grid, optuna (expert is added where a "
+                                    "landscape has one)."),
+    budget: int = typer.Option(20, "--budget", help="Trials per tuner, landscape and seed."),
+    seeds: int = typer.Option(5, "--seeds", help="Seeds 0..N-1 per tuner and landscape."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the figures as JSON here."),
+    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write the convergence plot (PNG) here."),
+    markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the Markdown report here."),
+    trials_path: Optional[Path] = typer.Option(None, "--trials", help="Write every trial of every run (JSON)."),
+    jobs: int = typer.Option(2, "--jobs", help="Worker processes (landscapes run in parallel)."),
+    only: Optional[list[str]] = typer.Option(None, "--only", help="Keep landscapes whose name contains this "
+                                                                  "(repeatable)."),
+    reasoner: str = typer.Option("rules", "--reasoner", help="OptiCo's reasoners: rules or openai."),
+    fidelity: bool = typer.Option(False, "--fidelity", help="Also report how far the tuner's model is from "
+                                                            "each landscape (costs a prediction per configuration)."),
+    all_clusters: bool = typer.Option(False, "--all-clusters", help="Simulated presets on 8, 16 and 64 GPUs of "
+                                                                    "both kinds (36 landscapes, ~1.5x the time)."),
+) -> None:
+    """Benchmark OptiCo against random, grid and Optuna TPE search (and the expert baseline)."""
+    from optico.bench.report import markdown, plot, write_json
+    from optico.bench.suite import run_benchmark, select_landscapes
+    from optico.spec import ReasonerSpec
+
+    names = [t.strip() for t in tuners.split(",") if t.strip()]
+    try:
+        defs = select_landscapes(suite, [str(p) for p in landscape or []], only or [],  # type: ignore[arg-type]
+                                 all_clusters=all_clusters)
+        spec = ReasonerSpec(analysis=reasoner, generation=reasoner, failure=reasoner)  # type: ignore[arg-type]
+    except ValueError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2)
+    if not defs:
+        err.print("[bold red]error:[/] no landscape selected", highlight=False)
+        raise typer.Exit(2)
+    console.print(f"{len(defs)} landscapes x {len(names)} tuners x {seeds} seeds, budget {budget}, "
+                  f"{jobs} worker(s)")
+
+    def done(r: dict[str, Any]) -> None:
+        if "skipped" in r:
+            console.print(f"  {r['name']}: skipped ({r['skipped']})", highlight=False)
+            return
+        secs = " ".join(f"{k} {v:.1f}s" for k, v in r["seconds"].items())
+        console.print(f"  {r['name']}: {r['landscape']['configurations']} configurations, optimum "
+                      f"{r['landscape']['optimum_mfu']:.1%} — {secs}", highlight=False)
+
+    try:
+        doc = run_benchmark(defs, names, budget=budget, seeds=seeds, jobs=jobs, reasoner=spec,
+                            fidelity=fidelity, on_done=done)
+    except ValueError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2)
+    # Files first: a report that fails to render must not lose a ten-minute run.
+    if json_path:
+        write_json(doc, json_path)
+    if trials_path:
+        trials_path.parent.mkdir(parents=True, exist_ok=True)
+        trials_path.write_text(json.dumps(doc["runs"], indent=1, default=float) + "\n")
+    if plot_path:
+        plot(doc, plot_path)
+    text = markdown(doc)
+    if markdown_path:
+        markdown_path.parent.mkdir(parents=True, exist_ok=True)
+        markdown_path.write_text(text)
+    print(text)
+    for label, path in (("figures", json_path), ("trials", trials_path), ("plot", plot_path),
+                        ("report", markdown_path)):
+        if path:
+            console.print(f"{label} written to {path}", highlight=False)
