@@ -150,7 +150,8 @@ def _summary(result: dict[str, Any]) -> None:
 @app.command()
 def tune(
     spec_path: Optional[Path] = typer.Argument(None, metavar="SPEC.yaml", help="The workload spec."),
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="Override the spec's launcher: sim|replay."),
+    launcher: Optional[str] = typer.Option(None, "--launcher",
+                                            help="Override the spec's launcher: sim|replay|local|ray."),
     max_trials: Optional[int] = typer.Option(None, "--max-trials", help="Override the trial budget."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the job seed."),
     reasoner: Optional[str] = typer.Option(None, "--reasoner", help="Override the spec's reasoners for all "

@@ -64,6 +64,13 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec(name="gb300", arch="blackwell", memory_gib=275.0,
                 peak_tflops={"fp16": 2450.0, "bf16": 2450.0, "fp8": 4900.0},
                 hbm_gbps=8000, nvlink_gbps=900, network_gbps=100),
+        # Not a GPU: one CPU process of a CPU run (torchrun + gloo, tiny models), so that such runs
+        # have an MFU to tune. Nominal figures: the peak is about one x86 server core's bf16 matmul
+        # rate (1024^3 GEMM, torch 2.13, one thread: 0.12 TFLOP/s; fp32 0.03), memory a per-process
+        # share of a 24 GB host, bandwidths those of host memory and gloo over loopback. Host RSS is
+        # no OOM signal, so CPU runs report no device memory.
+        GpuSpec(name="cpu", arch="cpu", memory_gib=6.0, peak_tflops={"fp16": 0.1, "bf16": 0.1, "fp8": 0.1},
+                hbm_gbps=20, nvlink_gbps=2, network_gbps=1),
     ]
 }
 

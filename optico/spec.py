@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
+from optico.launchers.program import ProgramSpec
 from optico.rules import violations
 from optico.search_space import SearchSpace
 from optico.strategy import Strategy, canonical_field, strategy_from_mapping
@@ -58,9 +59,23 @@ class LauncherSpec(BaseModel):
     data: str | None = Field(None, description="Replay: the CSV of measured runs.")
     timeout_s: float = Field(3600, gt=0, description="Wall-clock limit of one run.")
     hang_s: float = Field(600, gt=0, description="A run printing nothing for this long is hung.")
-    address: str | None = Field(None, description="Ray: cluster address (auto, ray://host:port, local).")
-    program: dict[str, Any] | None = Field(None, description="local/ray: what torchrun runs.")
+    address: str | None = Field(None, description="Ray: cluster address (auto, ray://host:port, local); None = "
+                                                  "an existing cluster (RAY_ADDRESS, `ray start`), else a new "
+                                                  "local one.")
+    program: ProgramSpec | None = Field(None, description="local/ray: what torchrun runs: {kind: megatron-core} "
+                                                          "(default) or {kind: megatron-lm, command: [...]}.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment for the training processes.")
+    run_dir: str | None = Field(None, description="local/ray: where trial run directories go; None = "
+                                                  "<data dir>/runs.")
+    num_cpus_per_node: float = Field(1, gt=0, description="Ray: CPUs each node's bundle reserves (keep it small: "
+                                                          "a placement group holding every CPU starves Ray).")
+    runtime_env: dict[str, Any] = Field(default_factory=dict, description="Ray: runtime_env of the node actors "
+                                        "(env_vars, working_dir, image_uri, ...), passed through.")
+    placement_timeout_s: float = Field(120, gt=0, description="Ray: fail a trial whose placement group is not "
+                                                              "ready after this long (the cluster lacks GPUs).")
+    max_infra_retries: int = Field(2, ge=0, le=10, description="Ray: re-runs of a trial whose node or actor died.")
+    ray_init: dict[str, Any] = Field(default_factory=dict, description="Ray: ray.init() keywords when this "
+                                     "process starts the cluster, e.g. {num_gpus: 2} for logical GPUs.")
 
 
 class ReasonerSpec(BaseModel):

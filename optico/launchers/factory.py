@@ -20,4 +20,16 @@ def build_launcher(spec: LauncherSpec, job_seed: int = 0) -> Launcher:
         if not spec.data:
             raise ValueError("launcher.data: the replay launcher needs the CSV of measured runs")
         return ReplayLauncher(spec.data)
+    if spec.kind == "local":
+        from optico.launchers.local import LocalLauncher
+
+        return LocalLauncher(spec.program, timeout_s=spec.timeout_s, hang_s=spec.hang_s, env=spec.env,
+                             run_dir=spec.run_dir)
+    if spec.kind == "ray":
+        from optico.launchers.ray_launcher import RayLauncher
+
+        return RayLauncher(spec.program, address=spec.address, timeout_s=spec.timeout_s, hang_s=spec.hang_s,
+                           env=spec.env, run_dir=spec.run_dir, num_cpus_per_node=spec.num_cpus_per_node,
+                           runtime_env=spec.runtime_env, placement_timeout_s=spec.placement_timeout_s,
+                           max_infra_retries=spec.max_infra_retries, ray_init=spec.ray_init)
     raise ValueError(f"launcher.kind: {spec.kind!r} is not available in this build")

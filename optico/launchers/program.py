@@ -1,0 +1,151 @@
+"""What torchrun runs for a trial, and the command lines that run it on each node.
+
+Two programs (the spec's `launcher.program`):
+- `megatron-core`: OptiCo's benchmark driver (`optico.launchers.megatron.bench`) with a spec
+  file holding the workload, the strategy and the step limits;
+- `megatron-lm`: the user's own training command (e.g. ``pretrain_gpt.py`` with their data
+  and tokenizer flags), the strategy rendered as flags that replace theirs
+  (`optico.launchers.megatron_lm`).
+
+`prepare` turns (program, workload, strategy) into a `PreparedRun`: files to write into the
+node's run directory and, per node, the torchrun command. Nothing here starts a process, so
+the local launcher and each Ray node agent share it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+
+from optico.strategy import Strategy
+from optico.workload import Workload
+
+SPEC_FILE = "bench-spec.json"
+# Placeholders the user's command may hold, filled per node.
+PLACEHOLDERS = ("{run_dir}", "{node_rank}", "{nnodes}", "{nproc_per_node}", "{world_size}", "{trial_key}")
+
+
+class MegatronCoreProgram(BaseModel):
+    """OptiCo's megatron-core benchmark driver (synthetic tokens, warm-up then timed steps)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["megatron-core"] = "megatron-core"
+    warmup: NonNegativeInt = Field(2, description="Untimed steps first.")
+    max_steps: PositiveInt = Field(20, description="Timed steps at most.")
+    min_steps: PositiveInt = Field(3, description="Timed steps at least before the step time may be called stable.")
+    cv_target: float = Field(0.02, gt=0, description="Stop timing once the step times vary this little (CV).")
+    cv_window: PositiveInt = Field(5, description="Steps the coefficient of variation is taken over.")
+    max_time_s: float | None = Field(None, gt=0, description="Stop timing after this many timed seconds.")
+    seed: int = Field(1234, description="Seed of weights and synthetic tokens.")
+    python: str | None = Field(None, description="Interpreter that runs torchrun; None = the launcher's own "
+                                                 "(the Ray worker's on a cluster).")
+
+
+class MegatronLMProgram(BaseModel):
+    """The user's Megatron-LM command; the strategy's flags replace theirs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["megatron-lm"]
+    command: list[str] = Field(min_length=1, description="The training script and its flags, without torchrun, "
+                               "e.g. [pretrain_gpt.py, --num-layers, '32', ...]. May hold {run_dir}, {node_rank}, "
+                               "{nnodes}, {nproc_per_node}, {world_size}, {trial_key}.")
+    cwd: str | None = Field(None, description="Directory the command runs in (a Megatron-LM checkout); "
+                                              "None = the trial's run directory.")
+    train_iters: PositiveInt | None = Field(20, description="Iterations each trial runs (replaces "
+                                                            "--train-iters); None = the command's own.")
+    warmup_iters: NonNegativeInt = Field(3, description="Logged iterations not timed.")
+    log_interval: PositiveInt | None = Field(1, description="Replaces --log-interval; None = the command's own.")
+    skip_eval: bool = Field(True, description="Add --eval-iters 0 (no validation pass after the timed run).")
+    drop_flags: list[str] = Field(default_factory=lambda: ["--save", "--load"],
+                                  description="Flags removed from the command, with their values.")
+    vpp_flag: Literal["stages", "layers"] = Field(
+        "stages", description="VPP as --num-virtual-stages-per-pipeline-rank (stages) or, for Megatron-LM "
+                              "before that flag, --num-layers-per-virtual-pipeline-stage (layers).")
+    python: str | None = Field(None, description="Interpreter that runs torchrun; None = the launcher's own.")
+
+
+ProgramSpec = Annotated[Union[MegatronCoreProgram, MegatronLMProgram], Field(discriminator="kind")]
+
+
+def node_layout(workload: Workload) -> tuple[int, int]:
+    """(nodes, processes per node) for the workload's world size; ValueError when the world
+    does not split evenly over the nodes it needs."""
+    world, per_node = workload.world_size, workload.cluster.gpus_per_node
+    nnodes = -(-world // per_node)
+    if world % nnodes:
+        raise ValueError(f"workload.cluster: {world} GPUs do not split evenly over {nnodes} nodes of "
+                         f"{per_node} GPUs")
+    return nnodes, world // nnodes
+
+
+@dataclass
+class PreparedRun:
+    """One trial's program, ready to start on any node."""
+
+    kind: str
+    nnodes: int
+    nproc_per_node: int
+    files: dict[str, str] = field(default_factory=dict)  # name -> content, written into the run directory
+    args: list[str] = field(default_factory=list)  # after torchrun's own options; may hold placeholders
+    python: str | None = None
+    cwd: str | None = None
+    warmup_iters: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def command(self, run_dir: str, *, node_rank: int = 0, master_addr: str | None = None,
+                master_port: int | None = None, trial_key: str = "", python: str | None = None) -> list[str]:
+        """torchrun's argv on node `node_rank`. Without `master_addr` (one node) torchrun's
+        standalone rendezvous picks a free port itself."""
+        exe = self.python or python or sys.executable
+        if self.kind == "megatron-core":
+            from optico.launchers.megatron.bench import torchrun_command
+
+            return torchrun_command(f"{run_dir}/{SPEC_FILE}", self.nproc_per_node, nnodes=self.nnodes,
+                                    node_rank=node_rank, master_addr=master_addr, master_port=master_port,
+                                    python=exe)
+        cmd = [exe, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc_per_node}"]
+        if self.nnodes == 1 and master_addr is None:
+            cmd.append("--standalone")
+        else:
+            cmd += [f"--nnodes={self.nnodes}", f"--node-rank={node_rank}", f"--master-addr={master_addr}",
+                    f"--master-port={master_port or 29500}"]
+        values = {"{run_dir}": run_dir, "{node_rank}": str(node_rank), "{nnodes}": str(self.nnodes),
+                  "{nproc_per_node}": str(self.nproc_per_node), "{world_size}": str(self.world_size),
+                  "{trial_key}": trial_key}
+        args = []
+        for arg in self.args:
+            for key, value in values.items():
+                arg = arg.replace(key, value)
+            args.append(arg)
+        return cmd + args
+
+
+def prepare(program: MegatronCoreProgram | MegatronLMProgram | None, workload: Workload,
+            strategy: Strategy) -> PreparedRun:
+    """The run for `strategy`; ValueError for a program that cannot run this workload."""
+    program = program or MegatronCoreProgram()
+    nnodes, nproc = node_layout(workload)
+    if isinstance(program, MegatronCoreProgram):
+        from optico.launchers.megatron.bench import BenchSpec
+
+        spec = BenchSpec(workload=workload, strategy=strategy, warmup=program.warmup, max_steps=program.max_steps,
+                         min_steps=min(program.min_steps, program.max_steps), cv_target=program.cv_target,
+                         cv_window=program.cv_window, max_time_s=program.max_time_s, seed=program.seed)
+        return PreparedRun(kind=program.kind, nnodes=nnodes, nproc_per_node=nproc,
+                           files={SPEC_FILE: spec.model_dump_json(indent=2)}, python=program.python,
+                           warmup_iters=program.warmup)
+    from optico.launchers.megatron_lm import render_args
+
+    args = render_args(program.command, workload, strategy, train_iters=program.train_iters,
+                       log_interval=program.log_interval, skip_eval=program.skip_eval,
+                       drop_flags=program.drop_flags, vpp_flag=program.vpp_flag)
+    return PreparedRun(kind=program.kind, nnodes=nnodes, nproc_per_node=nproc, args=args, python=program.python,
+                       cwd=program.cwd, warmup_iters=program.warmup_iters)

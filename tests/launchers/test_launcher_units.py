@@ -1,0 +1,225 @@
+"""Fast checks without processes: the Megatron-LM flag rendering and log parsing, the launcher
+spec, program rendering, and the failure logs the failure-analysis rules read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from optico.agents.contracts import FailureInput
+from optico.agents.failure import RulesFailureAnalysis, first_error
+from optico.launchers.factory import build_launcher
+from optico.launchers.megatron_lm import flag_values, measured, parse_iteration, parse_log, parse_memory, render_args
+from optico.launchers.program import MegatronCoreProgram, MegatronLMProgram, node_layout, prepare
+from optico.launchers.results import OutputCollector, RunEnd, driver_result, megatron_lm_result
+from optico.spec import LauncherSpec, SpecError, parse_spec
+from optico.strategy import strategy_from_mapping
+from optico.trial import FailureCategory
+from tests.launchers.conftest import fake_command, tiny
+
+# -- Megatron-LM flags -------------------------------------------------------------------------
+
+RENDER = dict(train_iters=20, log_interval=1, skip_eval=True, drop_flags=["--save", "--load"], vpp_flag="stages")
+
+
+def test_strategy_flags_replace_the_users_in_both_spellings():
+    w = tiny(gbs=8)
+    s = strategy_from_mapping({"tp": 2, "pp": 1, "mbs": 2, "recompute": "full", "recompute_method": "block",
+                               "recompute_num_layers": 2, "use_distributed_optimizer": True,
+                               "overlap_grad_reduce": True})
+    argv = render_args(fake_command(), w, s, **RENDER)
+    flags = flag_values(argv)
+    # each owned flag once, with the strategy's value
+    for flag, value in [("--tensor-model-parallel-size", "2"), ("--pipeline-model-parallel-size", "1"),
+                        ("--micro-batch-size", "2"), ("--global-batch-size", "8"), ("--train-iters", "20"),
+                        ("--log-interval", "1"), ("--eval-iters", "0"), ("--recompute-granularity", "full"),
+                        ("--recompute-method", "block"), ("--recompute-num-layers", "2")]:
+        assert sum(1 for a in argv if a.split("=")[0] == flag) == 1, (flag, argv)
+        assert flags[flag] == [value], (flag, flags[flag])
+    assert "--pipeline-model-parallel-size=2" not in argv
+    assert "--sequence-parallel" not in argv  # theirs, but this strategy has SP off
+    assert "--use-distributed-optimizer" in argv and "--overlap-grad-reduce" in argv
+    assert "--log-throughput" in argv
+    assert "--save" not in argv and "--load" not in argv and "/checkpoints/mine" not in argv
+    # their model, data and tokenizer stay
+    for kept in ("--data-path", "/data/my-corpus_text_document", "--tokenizer-type", "--split", "949,50,1", "--bf16"):
+        assert kept in argv
+    assert flags["--lr"] == ["3e-4"]
+
+
+def test_sample_based_commands_get_a_sample_count_and_vpp_old_spelling():
+    w = tiny(gbs=8)
+    cmd = [a for a in fake_command() if a not in ("--train-iters", "500000")] + ["--train-samples", "999999"]
+    s = strategy_from_mapping({"pp": 2, "vpp": 2})
+    argv = render_args(cmd, w, s, **{**RENDER, "vpp_flag": "layers"})
+    flags = flag_values(argv)
+    assert flags["--train-samples"] == [str(20 * 8)] and "--train-iters" not in flags
+    assert flags["--num-layers-per-virtual-pipeline-stage"] == ["1"]  # 4 layers / (PP2 x VPP2)
+    assert "--num-virtual-stages-per-pipeline-rank" not in flags
+
+
+def test_commands_that_disagree_with_the_workload_or_run_torchrun_are_refused():
+    w = tiny()
+    s = strategy_from_mapping({})
+    with pytest.raises(ValueError, match="--seq-length 4096 disagrees with the workload"):
+        render_args(fake_command("--seq-length", "4096"), w, s, **RENDER)
+    with pytest.raises(ValueError, match="without torchrun"):
+        render_args(["torchrun", "--nproc-per-node", "8", "pretrain_gpt.py"], w, s, **RENDER)
+
+
+# -- Megatron-LM log lines ----------------------------------------------------------------------
+
+ITERATION = (" [2025-03-01 10:00:00.123456] iteration        7/      20 | consumed samples:          448 | "
+             "elapsed time per iteration (ms): 812.3 | throughput per GPU (TFLOP/s/GPU): 401.2 | "
+             "learning rate: 2.999990E-04 | global batch size:    64 | lm loss: 8.123456E+00 | "
+             "loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | "
+             "number of nan iterations:   0 |")
+MEMORY = ("[Rank 3] (after 1 iterations) memory (MB) | allocated: 20480.5 | max allocated: 30720.0 | "
+          "reserved: 35840.0 | max reserved: 40960.0")
+
+
+def test_iteration_line_with_prefixes_extra_fields_and_no_throughput():
+    it = parse_iteration("[default7]:" + ITERATION)
+    assert (it.iteration, it.train_iters, it.global_batch_size) == (7, 20, 64)
+    assert it.step_time_s == pytest.approx(0.8123) and it.tflops_per_gpu == pytest.approx(401.2)
+    assert it.loss == pytest.approx(8.123456) and it.skipped == 0
+    newer = ITERATION.replace("| learning rate:", "| mtp_1 loss: 3.0 | load_balancing_loss: 1.0E-02 | learning rate:")
+    assert parse_iteration(newer).tflops_per_gpu == pytest.approx(401.2)
+    older = ITERATION.replace(" throughput per GPU (TFLOP/s/GPU): 401.2 |", "")
+    assert parse_iteration(older).tflops_per_gpu is None and parse_iteration(older).step_time_s == pytest.approx(0.8123)
+    assert parse_iteration("iteration 5 of the warm-up") is None
+
+
+def test_memory_line_and_measured_metrics():
+    mem = parse_memory(MEMORY)
+    assert (mem.rank, mem.after, mem.max_allocated_mb, mem.max_reserved_mb) == (3, 1, 30720.0, 40960.0)
+    w = tiny(gpu="h100-sxm", gbs=64, gpus_per_node=8)
+    lines = [ITERATION.replace("iteration        7/", f"iteration {i:8d}/").replace("812.3", str(ms))
+             for i, ms in [(1, 5000.0), (2, 900.0), (3, 800.0), (4, 820.0)]]
+    skipped = lines[-1].replace("iteration        4/", "iteration        5/").replace(
+        "skipped iterations:   0", "skipped iterations:   1").replace("820.0", "100.0")
+    log = parse_log([*lines, skipped, MEMORY, MEMORY.replace("[Rank 3]", "[Rank 0]").replace("40960.0", "20480.0")])
+    m = measured(log, w, warmup_iters=2)
+    assert m["timed_iterations"] == [3, 4]  # warm-up and the skipped iteration are not timed
+    assert m["step_time_s"] == pytest.approx(0.81)
+    assert m["tokens_per_s_per_gpu"] == pytest.approx(64 * 64 / 0.81 / 8)
+    assert m["mem_max_gib"] == pytest.approx(40.0) and m["mem_avg_gib"] == pytest.approx(30.0)
+
+
+# -- spec, factory, programs ----------------------------------------------------------------------
+
+SPEC = {
+    "workload": {"model": "tiny-gpt", "seq_length": 64, "global_batch_size": 4,
+                 "cluster": {"gpu": "cpu", "gpus_per_node": 2}},
+    "search_space": {"tunables": ["tp"]},
+}
+
+
+def test_launcher_spec_programs_and_factory():
+    spec = parse_spec({**SPEC, "launcher": {"kind": "local", "timeout_s": 60, "hang_s": 30, "run_dir": "/tmp/x",
+                                            "program": {"kind": "megatron-lm", "command": ["pretrain_gpt.py"]}}})
+    assert isinstance(spec.launcher.program, MegatronLMProgram)
+    launcher = build_launcher(spec.launcher)
+    assert launcher.kind == "local" and launcher.timeout_s == 60 and launcher.hang_s == 30
+    ray_spec = LauncherSpec(kind="ray", address="auto", runtime_env={"env_vars": {"A": "1"}}, max_infra_retries=1)
+    ray_launcher = build_launcher(ray_spec)
+    assert ray_launcher.kind == "ray" and ray_launcher.runtime_env == {"env_vars": {"A": "1"}}
+    assert isinstance(ray_launcher.program, MegatronCoreProgram)  # the default program
+    with pytest.raises(SpecError, match="launcher.program"):
+        parse_spec({**SPEC, "launcher": {"kind": "local", "program": {"kind": "nemo"}}})
+    with pytest.raises(SpecError, match="launcher.program"):
+        parse_spec({**SPEC, "launcher": {"kind": "local", "program": {"kind": "megatron-lm"}}})
+
+
+def test_program_commands_per_node():
+    w = tiny(gpus_per_node=2, nodes=2)
+    assert node_layout(w) == (2, 2)
+    run = prepare(MegatronCoreProgram(warmup=1), w, strategy_from_mapping({"tp": 2}))
+    spec = json.loads(run.files["bench-spec.json"])
+    assert spec["strategy"]["tensor_model_parallel_size"] == 2 and spec["warmup"] == 1
+    cmd = run.command("/runs/t1", node_rank=1, master_addr="10.0.0.1", master_port=29400, python="py")
+    assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
+    assert "--nnodes=2" in cmd and "--node-rank=1" in cmd and "--master-addr=10.0.0.1" in cmd
+    assert cmd[-2:] == ["--spec-json", "/runs/t1/bench-spec.json"]
+    lm = prepare(MegatronLMProgram(kind="megatron-lm", command=fake_command("--fake-record", "{run_dir}")), tiny(),
+                 strategy_from_mapping({}))
+    cmd = lm.command("/runs/t2")
+    assert "--standalone" in cmd and "--nproc-per-node=2" in cmd and cmd[cmd.index("--fake-record") + 1] == "/runs/t2"
+
+
+# -- failure logs as failure analysis reads them ---------------------------------------------------
+
+def _collector(lines: list[str]) -> OutputCollector:
+    c = OutputCollector()
+    for line in lines:
+        c.add(line)
+    return c
+
+
+def _error(category: str, etype: str, message: str, rank: int = 1) -> str:
+    return "OPTICO_ERROR " + json.dumps({"category": category, "message": message, "exception_type": etype,
+                                         "rank": rank, "phase": "train", "params": [],
+                                         "traceback_tail": f"Traceback (most recent call last):\n{etype}: {message}"})
+
+
+def _diagnose(result, strategy):
+    return RulesFailureAnalysis().diagnose(FailureInput(
+        workload=tiny(), strategy=strategy, log=result.log[-4000:], category_hint=result.category_hint,
+        attempts=1, iteration=2))
+
+
+@pytest.mark.parametrize("category, etype, message, expected", [
+    ("oom", "torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 20.00 GiB", FailureCategory.OOM),
+    ("invalid_config", "builtins.AssertionError", "num_layers (3) must be divisible by PP (2)",
+     FailureCategory.INVALID_CONFIG),
+    # megatron-core states some checks as RuntimeError: the driver knows, the text rules do not
+    ("invalid_config", "builtins.RuntimeError", "the number of microbatches should range over the stages",
+     FailureCategory.INVALID_CONFIG),
+    ("comm", "torch.distributed.DistBackendError", "NCCL error: remote process exited",
+     FailureCategory.INFRASTRUCTURE),
+    ("comm", "torch.distributed.DistBackendError", "Watchdog caught collective operation timeout",
+     FailureCategory.COMM_TIMEOUT),
+])
+def test_driver_errors_reach_failure_analysis(category, etype, message, expected):
+    noise = ["W1122 torch/distributed/elastic/multiprocessing/api.py: Sending process 12 closing signal SIGTERM"] * 50
+    # the peer's consequence first, the root cause next, torchrun's summary last
+    peer = [] if category == "comm" else [_error("comm", "builtins.RuntimeError", "Connection closed by peer", rank=0)]
+    lines = [*peer, _error(category, etype, message), *noise,
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "]
+    s = strategy_from_mapping({"mbs": 2})
+    result = driver_result(_collector(lines), RunEnd(exit_code=1, duration_s=9.0), tiny(), gpu_seconds=18.0,
+                           fingerprint={}, log_path="/runs/x/stdout.log")
+    assert not result.ok and result.exit_code == 1 and len(result.log) <= 4000
+    assert result.log.splitlines()[0].startswith(etype.rsplit(".", 1)[-1] + ": " + message)
+    assert _diagnose(result, s).category == expected
+
+
+def test_megatron_lm_traceback_root_cause_and_killed_runs():
+    lines = ["[rank0]: Traceback (most recent call last):",
+             '[rank0]:   File "/workspace/Megatron-LM/pretrain_gpt.py", line 291, in <module>',
+             "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total "
+             "capacity of 79.10 GiB of which 0.31 GiB is free.",
+             "[rank1]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer",
+             *["some output"] * 200,
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "]
+    result = megatron_lm_result(_collector(lines), RunEnd(exit_code=1, duration_s=30.0), tiny(), warmup_iters=3, tp=1,
+                                gpu_seconds=60.0, fingerprint={}, log_path=None)
+    assert first_error(result.log)[0] == FailureCategory.OOM
+    diagnosis = _diagnose(result, strategy_from_mapping({"mbs": 2}))
+    assert diagnosis.category == FailureCategory.OOM and "micro_batch_size" in diagnosis.params
+    hung = megatron_lm_result(_collector(["iteration 1/20 | elapsed time per iteration (ms): 1.0 |"]),
+                              RunEnd(exit_code=-15, duration_s=30.0, killed="hang", detail="20 s"), tiny(),
+                              warmup_iters=3, tp=1, gpu_seconds=60.0, fingerprint={}, log_path=None)
+    assert hung.category_hint == FailureCategory.HANG and "no output for 20 s" in hung.log
+    assert _diagnose(hung, strategy_from_mapping({})).retry
+
+
+def test_torchrun_failing_to_bind_its_rendezvous_is_infrastructure():
+    lines = ["Traceback (most recent call last):",
+             "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+             "address. port: 29500, useIPv6: 0, code: -98, name: EADDRINUSE, message: address already in use"]
+    result = driver_result(_collector(lines), RunEnd(exit_code=1, duration_s=3.0), tiny(), gpu_seconds=6.0,
+                           fingerprint={}, log_path=None)
+    assert result.category_hint == FailureCategory.INFRASTRUCTURE
+    assert _diagnose(result, strategy_from_mapping({})).retry
