@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -124,6 +125,7 @@ def ray_cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -6,6 +6,7 @@ recorded in the pool with its run directory, nothing left running afterwards."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -61,5 +62,8 @@ def test_tune_tiny_gpt_cpu_with_the_ray_launcher(tmp_path: Path, cli_env: dict[s
     ray_tmp = tempfile.mkdtemp(prefix="optico-ray-", dir="/tmp")  # Ray's socket paths must stay short
     env = {**cli_env, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": ray_tmp, "HOME": ray_tmp,
            "RAY_SCHEDULER_EVENTS": "0"}
-    result = tune("ray", tmp_path, env, db_url)
+    try:
+        result = tune("ray", tmp_path, env, db_url)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert all(t["status"] == "failed" or t["metrics"] for t in result["trials"])
