@@ -133,7 +133,9 @@ def _summary(result: dict[str, Any]) -> None:
     base, best = result["baseline"], result["best"]
     console.rule(f"[bold]job {result['job_id']} {result['status']}: {result['stop_reason']}")
     if best:
-        line = f"best MFU [bold green]{best['mfu']:.1%}[/] ({best['tflops_per_gpu']:.0f} TFLOP/s/GPU, trial {best['trial']})"
+        tflops = best["tflops_per_gpu"]
+        shown = f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.3g}"  # CPU runs measure fractions of a TFLOP/s
+        line = f"best MFU [bold green]{best['mfu']:.1%}[/] ({shown} TFLOP/s/GPU, trial {best['trial']})"
         if base["mfu"]:
             gain = best["mfu"] / base["mfu"] - 1
             line += f" vs baseline {base['mfu']:.1%} ({base['source']}): {gain:+.1%}"

@@ -60,6 +60,20 @@ def needs_at_least_as_much_memory(candidate: Strategy, oom: Strategy) -> bool:
             and (b.cross_entropy_loss_fusion or not a.cross_entropy_loss_fusion))
 
 
+def _same_refused_setting(s: Strategy, failed: Trial) -> bool:
+    """The framework refused a setting (not a size): every parameter the diagnosis blames has the same
+    value in `s` — e.g. CP 2 without Transformer Engine. Only confident invalid-configuration
+    diagnoses count; an OOM or a timeout says nothing about other configurations this way."""
+    f = failed.failure
+    if f is None or f.category != FailureCategory.INVALID_CONFIG or f.confidence < 80 or not f.params:
+        return False
+    return all(getattr(s, p, None) == getattr(failed.strategy, p, None) for p in f.params)
+
+
+def _setting_text(failed: Trial) -> str:
+    return ", ".join(f"{p}={getattr(failed.strategy, p)}" for p in failed.failure.params)
+
+
 class Guard:
     """Admits or rejects candidates for one job."""
 
@@ -95,17 +109,22 @@ class Guard:
             for t in history:
                 if t.signature == sig:
                     return Verdict(False, "duplicate", f"same configuration as trial {t.index}")
-        for t in [*history, *prior]:
+        trials = [*history, *prior]
+        for t in trials:
             if t.status != TrialStatus.FAILED or t.failure is None:
                 continue
             if t.signature == sig and t.failure.category not in _TRANSIENT and not retry:
                 return Verdict(False, "known-failure", f"failed before ({t.failure.summary})")
+            if _same_refused_setting(s, t):
+                return Verdict(False, "known-failure", f"shares {_setting_text(t)} with trial {t.index}, which "
+                                                       f"the framework refused ({t.failure.summary})")
             if t.failure.category == FailureCategory.OOM and t.signature != sig:
                 if needs_at_least_as_much_memory(s, t.strategy):
                     return Verdict(False, "implied-oom", f"needs at least the memory of {t.strategy.short()}, "
                                                          f"which ran out of memory")
                 saving = self._saving(s, t.strategy)
-                if saving is not None and saving < SMALL_SAVING * self.model.limit_gib:
+                if saving is not None and saving < SMALL_SAVING * self.model.limit_gib \
+                        and not self._sibling_fitted(s, trials):
                     return Verdict(False, "implied-oom", f"same layout as {t.strategy.short()}, which ran out of "
                                                          f"memory, and saves only {saving:.1f} GiB")
         if self.model.predicted_oom(s):
@@ -119,6 +138,13 @@ class Guard:
         if any(getattr(s, f) != getattr(oom, f) for f in _LAYOUT):
             return None
         return self.model.base(oom).mem_gib - self.model.base(s).mem_gib
+
+    def _sibling_fitted(self, s: Strategy, trials: list[Trial]) -> bool:
+        """A run of the same layout that the model expects to need at least as much memory as `s` fitted:
+        the OOM next to it was measurement noise near the limit, not the layout."""
+        need = self.model.base(s).mem_gib
+        return any(t.status == TrialStatus.OK and all(getattr(t.strategy, f) == getattr(s, f) for f in _LAYOUT)
+                   and self.model.base(t.strategy).mem_gib >= need for t in trials)
 
     def admissible(self, s: Strategy, history: list[Trial], prior: list[Trial] = ()) -> bool:
         return self.check(s, history, prior).admitted

@@ -235,7 +235,8 @@ def _converged(ctx: LoopContext, trials: list[Trial]) -> str | None:
     if budget.converge_tol is None or best is None or len(trials) < budget.min_trials:
         return None
     ctx.model.observe([*ctx.prior, *trials])
-    remaining = [ctx.model.mfu(s) for s in ctx.pool if ctx.guard.admissible(s, trials, ctx.prior)]
+    # The same score the analysis ranks by, so convergence and suggestions never disagree.
+    remaining = [ctx.model.expected_mfu(s) for s in ctx.pool if ctx.guard.admissible(s, trials, ctx.prior)]
     if not remaining:
         return None  # the guard below reports exhaustion
     top = max(remaining)

@@ -10,6 +10,7 @@ from optico.guard import Guard
 from optico.launchers.base import Launcher
 from optico.launchers.factory import build_launcher
 from optico.loop import EventSink, LoopContext, build_graph
+from optico.perfmodel.constants import load_constants
 from optico.perfmodel.online import JobModel
 from optico.pool.store import Store
 from optico.spec import JobSpec
@@ -27,8 +28,9 @@ def search_pool(spec: JobSpec, launcher: Launcher) -> tuple[list[Strategy], list
 
 def build_context(spec: JobSpec, store: Store, job_id: int, *, launcher: Launcher | None = None,
                   on_event: EventSink | None = None) -> LoopContext:
-    launcher = launcher or build_launcher(spec.launcher, spec.seed)
-    model = JobModel(spec.workload)
+    constants = load_constants(spec.calibration)
+    launcher = launcher or build_launcher(spec.launcher, spec.seed, constants)
+    model = JobModel(spec.workload, constants)
     pool, candidates = search_pool(spec, launcher)
     model.prime(pool)
     guard = Guard(spec.workload, spec.search_space, model, candidates)

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from optico.launchers.program import ProgramSpec
+from optico.perfmodel.constants import load_constants
 from optico.rules import violations
 from optico.search_space import SearchSpace
 from optico.strategy import Strategy, canonical_field, strategy_from_mapping
@@ -101,6 +102,8 @@ class JobSpec(BaseModel):
     launcher: LauncherSpec = LauncherSpec()
     reasoner: ReasonerSpec = ReasonerSpec()
     seed: int = 0
+    calibration: str | None = Field(None, description="Performance-model constants (JSON from `optico perfmodel "
+                                                      "calibrate`); None = $OPTICO_CALIBRATION, else the shipped ones.")
 
 
 # -- loading ------------------------------------------------------------------------
@@ -264,8 +267,18 @@ def parse_spec(data: Any, origin: Path | None = None) -> JobSpec:
     seed = data.get("seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise SpecError("seed", f"must be an integer, got {seed!r}")
+    calibration = data.get("calibration")
+    if calibration is not None:
+        path = Path(str(calibration))
+        if not path.is_absolute() and origin is not None:
+            path = (origin.parent / path).resolve()
+        try:
+            load_constants(path)
+        except (OSError, ValueError) as exc:
+            raise SpecError("calibration", str(exc).splitlines()[0]) from None
+        calibration = str(path)
     return JobSpec(name=str(name), workload=w, search_space=space, baseline=baseline, budget=budget,
-                   launcher=launcher, reasoner=reasoner, seed=seed)
+                   launcher=launcher, reasoner=reasoner, seed=seed, calibration=calibration)
 
 
 def load_spec(path: str | Path) -> JobSpec:

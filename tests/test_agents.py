@@ -160,3 +160,30 @@ def test_sim_launcher_realistic_and_repeatable():
     assert all(not r.ok for r in hangs)
     assert any(r.category_hint == FailureCategory.HANG for r in hangs)
     assert any("Watchdog caught collective operation timeout" in r.log for r in hangs)
+
+
+def test_guard_blocks_a_refused_setting_not_just_its_configuration():
+    guard = Guard(W, SearchSpace.build(W, ["tp", "pp", "mbs", "cp"], {"use_distributed_optimizer": True}),
+                  JobModel(W))
+    refused = Trial(id=1, job_id=1, index=1, strategy=S(tp=2, cp=2), signature=S(tp=2, cp=2).signature(),
+                    status=TrialStatus.FAILED,
+                    failure=Failure(category=FailureCategory.INVALID_CONFIG, confidence=90,
+                                    params=["context_parallel_size"], summary="CP 2 caused invalid configuration"))
+    assert guard.check(S(tp=4, cp=2), [refused]).rule == "known-failure"
+    assert guard.check(S(tp=4, cp=1), [refused]).admitted
+    unsure = refused.model_copy(update={"failure": refused.failure.model_copy(update={"confidence": 40})})
+    assert guard.check(S(tp=4, cp=2), [unsure]).admitted
+
+
+def test_guard_lets_a_layout_live_when_a_bigger_sibling_fitted():
+    model = JobModel(W)
+    guard = Guard(W, SPACE, model)
+    oom = failed_trial(2, S(tp=2, mbs=1, sp=True), FailureCategory.OOM)
+    # the model's saving of selective recompute over the OOM is small: blocked on its own...
+    candidate = S(tp=2, mbs=1, sp=True, recompute="selective")
+    assert model.base(oom.strategy).mem_gib - model.base(candidate).mem_gib < 0.03 * model.limit_gib
+    assert guard.check(candidate, [oom]).rule == "implied-oom"
+    # ...but not once a same-layout run needing at least as much memory has fitted
+    sibling = ok_trial(1, S(tp=2, mbs=1), 0.6)
+    assert model.base(sibling.strategy).mem_gib >= model.base(candidate).mem_gib
+    assert guard.check(candidate, [sibling, oom]).admitted

@@ -205,3 +205,16 @@ def test_interrupted_job_resumes_on_both_backends(backend: str, request, tmp_pat
     names = set(inspect(store.engine).get_table_names())
     assert {"optico_jobs", "optico_trials", "checkpoints"} <= names
     store.close()
+
+
+def test_replay_of_the_h100_sweep_finds_its_best(db_url: str):
+    """The real H100 measurements of benchmarks/data: the tuner reaches the sweep's best within 10 trials."""
+    import csv
+
+    rows = list(csv.DictReader((EXAMPLES.parent / "benchmarks" / "data" / "h100-llama-1b.csv").open()))
+    best_measured = max(float(r["mfu"]) for r in rows if r["result"] == "ok")
+    result, store = run_spec(load_spec(EXAMPLES / "llama-1b-h100-replay.yaml"), db_url)
+    assert result["best"]["mfu"] == pytest.approx(best_measured, abs=1e-3)
+    assert result["best"]["trial"] <= 10
+    assert result["failed_trials"] <= 1
+    store.close()

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from optico.launchers.base import Launcher
+from optico.perfmodel.constants import Constants
 from optico.spec import LauncherSpec
 
 
-def build_launcher(spec: LauncherSpec, job_seed: int = 0) -> Launcher:
-    """The launcher for `spec`; ValueError names what is missing."""
+def build_launcher(spec: LauncherSpec, job_seed: int = 0, constants: Constants | None = None) -> Launcher:
+    """The launcher for `spec`; ValueError names what is missing. `constants`: the job's calibration, which
+    the simulator uses as its cluster."""
     if spec.kind == "sim":
         from optico.launchers.sim import SimLauncher
 
         seed = job_seed if spec.seed is None else spec.seed
         return SimLauncher(seed=seed, noise=spec.noise, hang_rate=spec.hang_rate, infra_rate=spec.infra_rate,
-                           delay_s=spec.delay_s)
+                           delay_s=spec.delay_s, constants=constants)
     if spec.kind == "replay":
         from optico.launchers.replay import ReplayLauncher
 
