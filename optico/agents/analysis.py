@@ -26,8 +26,15 @@ from optico.trial import Trial, TrialStatus
 
 # Suggestions within this MFU of each other count as a tie: the smaller move wins.
 _TIE = 0.004
+# A parallel layout the job has not measured yet gets this much optimism: the model's error there is
+# uncorrected, and a tuner that only trusts the model never learns where the model is wrong.
+EXPLORE_BONUS = 0.02
 # A move answering the health state goes first if it is expected within this fraction of the best.
 _HEALTH_SLACK = 0.03
+
+
+def _layout(s: Strategy) -> tuple[int, int, int, int, int]:
+    return (s.tp, s.pp, s.cp, s.ep, s.vpp)
 
 
 def diagnose_health(ref: Trial | None, mem_fraction: float | None) -> tuple[HealthState, str]:
@@ -117,6 +124,7 @@ class RulesAnalysis:
             bottleneck = Bottleneck.MEMORY_CAPACITY
 
         ref_mfu = ref_trial.metrics.mfu if ref_trial and ref_trial.metrics else model.mfu(ref)
+        measured_layouts = {_layout(t.strategy) for t in inp.history if t.status == TrialStatus.OK}
         counts = {"tried or known to fail": 0, "predicted OOM": 0, "other": 0}
         scored: list[tuple[float, int, bool, Strategy]] = []
         for cand in self.pool:
@@ -128,7 +136,10 @@ class RulesAnalysis:
                 continue
             n_changes = len(ref.diff(cand))
             standard = n_changes <= 2 and _answers(health, bottleneck, ref, cand, model)
-            scored.append((model.expected_mfu(cand), n_changes, standard, cand))
+            score = model.expected_mfu(cand)
+            if _layout(cand) not in measured_layouts:
+                score *= 1 + EXPLORE_BONUS  # optimism where no measurement has corrected the model yet
+            scored.append((score, n_changes, standard, cand))
 
         # Best predicted first; near-ties go to standard moves, then to fewer changes.
         scored.sort(key=lambda x: (-round(x[0] / _TIE), not x[2], x[1]))
