@@ -30,6 +30,10 @@ app.command("bench")(bench)
 console = Console()
 err = Console(stderr=True)
 
+# Click options take one value each; the files after the first come in as arguments, so both
+# `--data a.csv b.csv` (a shell glob) and `--data a.csv --data b.csv` work.
+MoreFilesArgument = typer.Argument(None, metavar="[FILE.csv ...]", show_default=False,
+                                   help="More CSV files after the first --data one.")
 DatabaseOption = typer.Option(None, "--database", envvar="OPTICO_DATABASE_URL",
                               help="SQLAlchemy URL of the pool (default: SQLite in the user data dir).")
 
@@ -273,6 +277,7 @@ def _figures_table(title: str, report: dict[str, Any]) -> Table:
 @perf_app.command("evaluate")
 def perfmodel_evaluate(
     data: list[Path] = typer.Option(..., "--data", help="Replay CSV file(s) of measured runs."),
+    more: Optional[list[Path]] = MoreFilesArgument,
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
     calibration: Optional[Path] = typer.Option(None, "--calibration", envvar="OPTICO_CALIBRATION",
                                                help="Constants to evaluate (default: the shipped calibration)."),
@@ -281,6 +286,7 @@ def perfmodel_evaluate(
     from optico.perfmodel.constants import load_constants
     from optico.perfmodel.evaluate import evaluate_files
 
+    data = [*data, *(more or [])]
     for path in data:
         if not path.is_file():
             _fail(f"--data: no such file: {path}")
@@ -296,28 +302,56 @@ def perfmodel_evaluate(
         if d["skip_reasons"]:
             reasons = ", ".join(f"{k} ({v})" for k, v in list(d["skip_reasons"].items())[:4])
             console.print(f"[dim]{name}: skipped — {reasons}[/]", highlight=False)
+        if d.get("mfu_unscored_not_tuned") and name != "overall":
+            console.print(f"[dim]{name}: MFU not scored on {d['mfu_unscored_not_tuned']} rows whose times are "
+                          f"not tuned throughput (memory and fit/OOM are)[/]", highlight=False)
 
 
 @perf_app.command("calibrate")
 def perfmodel_calibrate(
     data: list[Path] = typer.Option(..., "--data", help="Replay CSV file(s) to fit on."),
+    more: Optional[list[Path]] = MoreFilesArgument,
     out: Optional[Path] = typer.Option(None, "--out", help="Write the fitted constants here (JSON)."),
     max_evals: int = typer.Option(40, "--max-evals", help="Least-squares evaluations (each predicts every row)."),
     field: Optional[list[str]] = typer.Option(None, "--field", help="Fit only these constants (repeatable)."),
+    holdout: Optional[list[Path]] = typer.Option(None, "--holdout", metavar="FILE.csv",
+                                                 help="Measured rows kept out of the fit; evaluate's figures on "
+                                                      "them before and after (repeatable)."),
+    start: Optional[str] = typer.Option(None, "--start", metavar="defaults|FILE.json",
+                                        help="Constants to start from: 'defaults' (uncalibrated) or a JSON file "
+                                             "(default: the calibration in use)."),
+    prior: float = typer.Option(1.0, "--prior", min=0.0, help="Pull of each constant toward its start (0 = none)."),
 ) -> None:
     """Fit the model's free constants to measured rows; report evaluate's figures before and after."""
-    from optico.perfmodel.calibrate import calibrate
+    from optico.perfmodel.calibrate import calibrate, worse_figures
+    from optico.perfmodel.constants import Constants, load_constants
 
-    for path in data:
-        if not path.is_file():
-            _fail(f"--data: no such file: {path}")
+    data = [*data, *(more or [])]
+    for option, paths in (("--data", data), ("--holdout", holdout or [])):
+        for path in paths:
+            if not path.is_file():
+                _fail(f"{option}: no such file: {path}")
+    if start not in (None, "defaults") and not Path(start).is_file():
+        _fail(f"--start: no such file: {start} (or say 'defaults')")
     try:
-        result = calibrate(data, fields=field or None, max_nfev=max_evals)
+        begin = Constants() if start == "defaults" else load_constants(start)
+        result = calibrate(data, start=begin, fields=field or None, max_nfev=max_evals,
+                           holdout=list(holdout or []) or None, prior=prior)
     except (KeyError, ValueError) as exc:
         _fail(str(exc.args[0] if exc.args else exc))
     console.print(_figures_table("before", result.before))
     console.print(_figures_table("after", result.after))
     console.print(f"cost {result.cost_before:.4f} -> {result.cost_after:.4f}")
+    for label, before, after in (("fitted data", result.before, result.after),
+                                 ("held-out data", result.holdout_before, result.holdout_after)):
+        if before is None or after is None:
+            continue
+        if label == "held-out data":
+            console.print(_figures_table("held out: before", before))
+            console.print(_figures_table("held out: after", after))
+        worse = worse_figures(before, after)
+        console.print(f"{label}: " + (f"[yellow]worse[/] {', '.join(worse)}" if worse else "no figure got worse"),
+                      highlight=False)
     if out:
         result.constants.save(out)
         console.print(f"constants written to {out}; select them with OPTICO_CALIBRATION={out}")

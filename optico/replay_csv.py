@@ -115,7 +115,8 @@ class ReplayDefaults(BaseModel):
     recipe_flags: bool = Field(
         True, description="Rows from NeMo, Megatron-Bridge and DGX Cloud recipes (named in their source) take "
                           "those recipes' settings for knobs the table leaves out: sequence parallel with TP > 1, "
-                          "overlapped grad reduce and param gather.")
+                          "overlapped grad reduce and param gather, gradients reduced in bf16 "
+                          "(their performance scripts set grad_reduce_in_fp32 = False).")
     ffn_hidden_ratio: PositiveInt = Field(
         4, description="ffn_hidden_size = ratio x hidden_size: Megatron-LM's default without --ffn-hidden-size.")
     context_parallel_size: PositiveInt = 1
@@ -414,8 +415,10 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
             model = _build_model(cells, ints, args, defaults)
             strategy = _build_strategy(cells, ints, args, model.is_moe, defaults, problems)
             if precision is not None and gpu_key in GPUS:
+                recipe = defaults.recipe_flags and _from_recipe(source)
                 workload = Workload(model=model, seq_length=ints["seq_length"], global_batch_size=ints["gbs"],
-                                    precision=precision, cluster=_cluster(gpu_key, ints["num_gpus"]))
+                                    precision=precision, cluster=_cluster(gpu_key, ints["num_gpus"]),
+                                    grad_reduce_in_fp32=False if recipe else None)
         except (ValidationError, ValueError) as err:
             problems.append(f"inconsistent architecture or layout: {_first_error(err)}")
     if workload is not None and strategy is not None:
@@ -471,6 +474,12 @@ def read_replay_csv(path: str | Path, defaults: ReplayDefaults | None = None) ->
 def peak_tflops(row: ReplayRow) -> float | None:
     """Dense peak TFLOP/s of the row's GPU at the row's precision (the catalog's)."""
     return row.workload.peak_tflops if row.workload else None
+
+
+def tuned_throughput(row: ReplayRow) -> bool:
+    """False for rows whose notes say their times are not tuned throughput (Megatron-LM's CI runs
+    in deterministic mode, per the data README): their memory and fit/OOM outcome still count."""
+    return "not tuned" not in row.notes.lower()
 
 
 def measured_mfu(row: ReplayRow) -> float | None:

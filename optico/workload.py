@@ -180,6 +180,10 @@ class Workload(BaseModel):
     seq_length: PositiveInt
     global_batch_size: PositiveInt
     precision: Precision = "bf16"
+    grad_reduce_in_fp32: bool | None = Field(
+        None, description="Gradient buffers (accumulation and DP reduction) in fp32. None = Megatron-LM's rule: "
+                          "fp32 for bf16/fp8, the parameter dtype for fp16 (--accumulate-allreduce-grads-in-fp32). "
+                          "NeMo and Megatron-Bridge performance recipes set it False.")
     cluster: Cluster
     framework: Framework = Framework()
 
@@ -191,9 +195,16 @@ class Workload(BaseModel):
     def peak_tflops(self) -> float:
         return self.cluster.spec.peak(self.precision)
 
+    @property
+    def grads_in_fp32(self) -> bool:
+        """Whether gradient buffers are fp32 (4 B/param) rather than the 2-byte parameter dtype."""
+        return self.precision != "fp16" if self.grad_reduce_in_fp32 is None else self.grad_reduce_in_fp32
+
     def key(self) -> str:
         """Identity for warm starts: jobs with the same key share what they learned."""
         payload = self.model_dump(mode="json", exclude={"framework": True, "model": {"name"}})
+        if payload["grad_reduce_in_fp32"] is None:
+            del payload["grad_reduce_in_fp32"]  # the default: keys of earlier pools stay valid
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def describe(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,66 @@ def test_evaluate_rejects_missing_file(tmp_path):
     proc = subprocess.run(optico_cmd("perfmodel", "evaluate", "--data", str(tmp_path / "no.csv")),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def test_evaluate_takes_several_files_after_one_data_flag():
+    """`--data a.csv b.csv` (what a shell glob gives) reports both files, like repeated --data."""
+    h100 = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h100-llama-1b.csv"
+    proc = subprocess.run(optico_cmd("perfmodel", "evaluate", "--json", "--data", str(PACKAGED_OPTICO_CSV),
+                                     str(h100)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    files = json.loads(proc.stdout)["files"]
+    assert set(files) == {"optico_llama3_8b_a100.csv", "h100-llama-1b.csv"}
+    assert files["h100-llama-1b.csv"]["rows"] >= 20
+
+
+def test_gradient_buffer_dtype_follows_megatron_lm_unless_the_workload_says():
+    """bf16 keeps fp32 main grads (4 B/param); fp16, or grad_reduce_in_fp32: false, keeps 2 B."""
+    def grads(**kw) -> float:
+        return predict(Workload(**{**W.model_dump(), **kw}), S(tp=2)).memory.grads_gib
+
+    params_per_gpu = 8.03e9 / 2 / 1024**3  # llama3-8b at TP2, GiB per byte of gradient
+    assert grads() == pytest.approx(4 * params_per_gpu, rel=0.02)
+    assert grads(precision="fp16") == pytest.approx(grads() / 2)
+    assert grads(grad_reduce_in_fp32=False) == pytest.approx(grads() / 2)
+    assert grads(precision="fp16", grad_reduce_in_fp32=True) == pytest.approx(grads())
+    # The default leaves warm-start keys of earlier pools unchanged; a stated value is another workload.
+    assert "grad_reduce_in_fp32" not in W.key() and W.key() != Workload(**{**W.model_dump(),
+                                                                         "grad_reduce_in_fp32": True}).key()
+
+
+def test_calibrate_recovers_a_deliberately_wrong_constant():
+    """Start with activation memory halved: the fit moves it back and memory error drops."""
+    from optico.perfmodel.calibrate import calibrate
+    from optico.perfmodel.constants import load_constants
+
+    wrong = load_constants().model_copy(update={"activation_scale": 0.5})
+    result = calibrate([PACKAGED_OPTICO_CSV], start=wrong, fields=["activation_scale"], max_nfev=15)
+    assert result.constants.activation_scale > 0.8
+    assert result.after["overall"]["mem_median_ape"] < result.before["overall"]["mem_median_ape"]
+    assert result.cost_after < result.cost_before
+
+
+def test_calibrate_cli_writes_selectable_constants_and_reports_the_holdout(tmp_path):
+    h100 = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h100-llama-1b.csv"
+    out = tmp_path / "fitted.json"
+    proc = subprocess.run(optico_cmd("perfmodel", "calibrate", "--data", str(PACKAGED_OPTICO_CSV), "--field",
+                                     "mem_overhead_gib", "--max-evals", "5", "--holdout", str(h100),
+                                     "--out", str(out)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "held out: before" in proc.stdout and "held-out data:" in proc.stdout
+    fitted = json.loads(out.read_text())
+    assert 0 <= fitted["mem_overhead_gib"] <= 12
+    proc = subprocess.run(optico_cmd("perfmodel", "evaluate", "--json", "--data", str(PACKAGED_OPTICO_CSV),
+                                     "--calibration", str(out)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["overall"]["rows"] == 14
+
+
+def test_calibrate_names_a_bad_field_and_a_missing_holdout(tmp_path):
+    bad = subprocess.run(optico_cmd("perfmodel", "calibrate", "--data", str(PACKAGED_OPTICO_CSV), "--field",
+                                    "warp_speed"), capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "warp_speed" in bad.stderr
+    missing = subprocess.run(optico_cmd("perfmodel", "calibrate", "--data", str(PACKAGED_OPTICO_CSV), "--holdout",
+                                        str(tmp_path / "no.csv")), capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "--holdout: no such file" in missing.stderr

@@ -205,6 +205,17 @@ def test_recompute_and_booleans(tmp_path: Path) -> None:
     assert "sequence_parallel" in one(tmp_path, sequence_parallel="maybe").skip_reason
 
 
+def test_recipe_rows_reduce_gradients_in_bf16(tmp_path: Path) -> None:
+    """NeMo / Megatron-Bridge / DGX Cloud performance scripts set grad_reduce_in_fp32 = False."""
+    recipe = one(tmp_path, source="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md")
+    assert recipe.workload.grad_reduce_in_fp32 is False and not recipe.workload.grads_in_fp32
+    plain = one(tmp_path, source="Megatron-LM run")
+    assert plain.workload.grad_reduce_in_fp32 is None and plain.workload.grads_in_fp32
+    assert not one(tmp_path, source="Megatron-LM run", precision="fp16").workload.grads_in_fp32
+    off = one(tmp_path, ReplayDefaults(recipe_flags=False), source="NVIDIA/dgxc-benchmarking llama3.1")
+    assert off.workload.grad_reduce_in_fp32 is None
+
+
 def test_vpp(tmp_path: Path) -> None:
     assert one(tmp_path, pp="2", vpp="1").strategy.virtual_pipeline_model_parallel_size is None
     assert one(tmp_path, pp="2", vpp="4", gbs="256").strategy.vpp == 4

@@ -17,6 +17,9 @@ def bench(
     suite: str = typer.Option("all", "--suite", help="Built-in landscapes: sim, replay or all."),
     landscape: Optional[list[Path]] = typer.Option(None, "--landscape", metavar="FILE.csv",
                                                    help="Also replay every workload of this CSV (repeatable)."),
+    more_landscapes: Optional[list[Path]] = typer.Argument(None, metavar="[FILE.csv ...]", show_default=False,
+                                                           help="More landscape CSVs after the first --landscape "
+                                                                "(so a shell glob works)."),
     tuners: str = typer.Option("optico,random,grid,optuna", "--tuners",
                                help="Comma-separated: optico, random, grid, optuna (expert is added where a "
                                     "landscape has one)."),
@@ -42,7 +45,8 @@ def bench(
 
     names = [t.strip() for t in tuners.split(",") if t.strip()]
     try:
-        defs = select_landscapes(suite, [str(p) for p in landscape or []], only or [],  # type: ignore[arg-type]
+        csvs = [str(p) for p in [*(landscape or []), *(more_landscapes or [])]]
+        defs = select_landscapes(suite, csvs, only or [],  # type: ignore[arg-type]
                                  all_clusters=all_clusters)
         spec = ReasonerSpec(analysis=reasoner, generation=reasoner, failure=reasoner)  # type: ignore[arg-type]
     except ValueError as exc:

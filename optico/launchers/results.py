@@ -55,9 +55,10 @@ class OutputCollector:
     def add(self, line: str, node: int = 0) -> None:
         self.lines += 1
         shown = line if node == 0 else f"[node{node}] {line}"
+        # Ranks' lines can run together, so a step line may also carry another rank's error.
         if report.STEP_PREFIX in line:
             self.steps += 1
-        elif report.RESULT_PREFIX in line or report.ERROR_PREFIX in line:
+        if report.RESULT_PREFIX in line or report.ERROR_PREFIX in line:
             self.ours.append(line)
         elif is_log_line(line):
             self.megatron_lm.append(line)

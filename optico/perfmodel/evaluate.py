@@ -6,6 +6,10 @@ among rows of the same workload (the figure a tuner cares about: does the model
 order configurations right). Rows whose inputs are incomplete are skipped and
 counted with their reason.
 
+Rows whose notes say their times are not tuned throughput (Megatron-LM's CI runs in
+deterministic mode, per the data README) are scored on memory and fit/OOM only: the model
+predicts tuned throughput, and those rows would otherwise dominate every MFU figure.
+
 Memory is compared like for like: a row whose notes say it measured torch's max
 *allocated* memory is compared without the CUDA-context/NCCL overhead torch does
 not see, and a row measured on the *last* rank against the last pipeline stage.
@@ -23,7 +27,7 @@ from scipy.stats import spearmanr
 
 from optico.perfmodel.constants import Constants, load_constants
 from optico.perfmodel.model import Prediction, predict
-from optico.replay_csv import ReplayRow, measured_mfu, read_replay_csv
+from optico.replay_csv import ReplayRow, measured_mfu, read_replay_csv, tuned_throughput
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Scores:
     skip_reasons: dict[str, int] = field(default_factory=dict)
     oom_rows: int = 0
     oom_correct: int = 0
+    mfu_unscored: int = 0  # ok rows whose times are not tuned throughput: memory and OOM only
     mfu_apes: list[float] = field(default_factory=list)
     mem_apes: list[float] = field(default_factory=list)
     groups: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
@@ -72,6 +77,7 @@ class Scores:
     def details(self) -> dict[str, Any]:
         """How many rows each figure rests on, and why rows were skipped."""
         return {"scored": {"oom": self.oom_rows, "mfu": len(self.mfu_apes), "mem": len(self.mem_apes)},
+                "mfu_unscored_not_tuned": self.mfu_unscored,
                 "skip_reasons": dict(Counter(self.skip_reasons).most_common())}
 
     def merge(self, other: "Scores", prefix: str) -> None:
@@ -81,6 +87,7 @@ class Scores:
             self.skip_reasons[k] = self.skip_reasons.get(k, 0) + v
         self.oom_rows += other.oom_rows
         self.oom_correct += other.oom_correct
+        self.mfu_unscored += other.mfu_unscored
         self.mfu_apes += other.mfu_apes
         self.mem_apes += other.mem_apes
         for key, pairs in other.groups.items():
@@ -110,7 +117,12 @@ def score_rows(rows: list[ReplayRow], c: Constants) -> tuple[Scores, list[RowRes
             scores.skip_reasons[key] = scores.skip_reasons.get(key, 0) + 1
             continue
         pred = predict(row.workload, row.strategy, c)
-        mfu = measured_mfu(row) if row.result == "ok" else None
+        mfu = None
+        if row.result == "ok":
+            if tuned_throughput(row):
+                mfu = measured_mfu(row)
+            else:
+                scores.mfu_unscored += 1
         mem = _memory_as_measured(row, pred)
         results.append(RowResult(row, pred, mfu, mem))
         if row.result in ("ok", "oom"):

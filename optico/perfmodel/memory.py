@@ -2,7 +2,9 @@
 
 Weights, gradients and Adam state after Megatron's mixed-precision scheme (bf16
 weights, fp32 main grads, fp32 master + two moments: 18 B/param, or 6 + 12/DP with
-the distributed optimizer sharding over DP·CP; experts shard over expert-DP).
+the distributed optimizer sharding over DP·CP; experts shard over expert-DP). Grads
+are 2 B when the workload reduces them in the parameter dtype (fp16 by Megatron-LM's
+default, and the NeMo / Megatron-Bridge performance recipes).
 Activations after Korthikanti et al. 2022 with flash attention (no s² scores), split
 by TP, by SP for the norms and residuals, by CP along the sequence; selective
 recompute drops the attention output, full recompute keeps one input per recompute
@@ -129,7 +131,7 @@ def memory(w: Workload, s: Strategy, lay: Layout, c: Constants) -> MemoryBreakdo
         dense, expert = _params_on_stage(w, s, lay, stage)
         params = dense + expert
         weights = (3.0 if w.precision == "fp8" else 2.0) * params  # fp8 adds a cached fp8 copy
-        grads = 4.0 * params
+        grads = (4.0 if w.grads_in_fp32 else 2.0) * params
         optimizer = 12.0 * (dense / dense_shard + expert / expert_shard)
         raw_acts = stage_activation_bytes(w, s, lay, c, stage)
         acts = raw_acts * (1 + c.mem_fragmentation)

@@ -149,6 +149,16 @@ def test_emit_and_parse_round_trip(capsys):
     assert parsed["errors"] == [{"category": "oom", "rank": 1}]
 
 
+def test_parse_finds_records_of_ranks_whose_lines_ran_together():
+    """Two ranks failing at once on torchrun's shared stdout: `...}OPTICO_ERROR {...}` on one line."""
+    a = report.ERROR_PREFIX + json.dumps({"category": "invalid_config", "rank": 0, "message": "x } y"})
+    b = report.ERROR_PREFIX + json.dumps({"category": "invalid_config", "rank": 1})
+    step = report.STEP_PREFIX + json.dumps({"step": 3})
+    parsed = report.parse_output(f"[rank1]: {a}{b}\n{step}{report.ERROR_PREFIX}{{\"cut\": \n")
+    assert [e["rank"] for e in parsed["errors"]] == [0, 1]
+    assert parsed["steps"] == [{"step": 3}]  # the record cut short is dropped, not the line
+
+
 # -- plan -------------------------------------------------------------------------------------
 
 

@@ -60,6 +60,7 @@ class Plan:
     global_batch_size: int
     seq_length: int
     precision: str
+    grad_reduce_in_fp32: bool
     device: str
     use_cpu_initialization: bool
     layer_spec: str = ""
@@ -103,7 +104,7 @@ def make_plan(w: Workload, s: Strategy, world_size: int, *, device: str,
     plan = Plan(world_size=world_size, tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, etp=etp, vpp=s.vpp, dp=dp,
                 micro_batch_size=s.mbs, num_microbatches=w.global_batch_size // (s.mbs * dp),
                 global_batch_size=w.global_batch_size, seq_length=w.seq_length, precision=w.precision,
-                device=device,
+                grad_reduce_in_fp32=w.grads_in_fp32, device=device,
                 use_cpu_initialization=(device == "cpu") if use_cpu_initialization is None else use_cpu_initialization)
     cpu_shim.plan_overrides(plan)
     return plan
@@ -268,8 +269,8 @@ def wrap(chunks: list[torch.nn.Module], config: TransformerConfig, s: Strategy, 
     s = s.normalized()
     n_params = sum(p.nelement() for c in chunks for p in c.parameters())
     ddp_kwargs: dict[str, Any] = dict(
-        # Megatron-LM accumulates and reduces grads in fp32 with bf16.
-        grad_reduce_in_fp32=config.bf16,
+        # Megatron-LM's rule (fp32 with bf16, fp16 with fp16) unless the workload says otherwise.
+        grad_reduce_in_fp32=plan.grad_reduce_in_fp32,
         overlap_grad_reduce=s.overlap_grad_reduce,
         overlap_param_gather=s.overlap_param_gather,
         use_distributed_optimizer=s.use_distributed_optimizer,

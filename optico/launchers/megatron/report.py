@@ -20,9 +20,13 @@ CATEGORIES = ("oom", "invalid_config", "comm", "unknown")
 
 
 def emit(prefix: str, payload: dict[str, Any]) -> None:
-    """One line, flushed: `PREFIX {json}`. Non-finite floats become null (strict JSON)."""
+    """One line, flushed: `PREFIX {json}`. Non-finite floats become null (strict JSON).
+
+    The line and its newline go out in one write: ranks share torchrun's stdout, and print()'s
+    separate newline let two ranks' error lines run together."""
     line = prefix + json.dumps(_finite(payload), separators=(",", ":"), sort_keys=False)
-    print(line, flush=True)
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _finite(obj: Any) -> Any:
@@ -35,26 +39,31 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def parse_line(line: str) -> tuple[str, dict[str, Any]] | None:
-    """('result'|'error'|'step', payload) for one of our lines, else None. For launchers/tests."""
-    for kind, prefix in (("result", RESULT_PREFIX), ("error", ERROR_PREFIX), ("step", STEP_PREFIX)):
-        idx = line.find(prefix)
-        if idx >= 0:
+_PREFIXES = (("result", RESULT_PREFIX), ("error", ERROR_PREFIX), ("step", STEP_PREFIX))
+_DECODER = json.JSONDecoder()
+
+
+def parse_records(line: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every ('result'|'error'|'step', payload) record in one line of output, in order. Records
+    of several ranks can share a line (their writes interleave); one cut short is dropped."""
+    found = []
+    for kind, prefix in _PREFIXES:
+        start = line.find(prefix)
+        while start >= 0:
             try:
-                return kind, json.loads(line[idx + len(prefix):])
+                payload, _ = _DECODER.raw_decode(line, start + len(prefix))
+                if isinstance(payload, dict):
+                    found.append((start, kind, payload))
             except json.JSONDecodeError:
-                return None
-    return None
+                pass
+            start = line.find(prefix, start + len(prefix))
+    return [(kind, payload) for _, kind, payload in sorted(found, key=lambda f: f[0])]
 
 
 def parse_output(text: str) -> dict[str, Any]:
     """The first result line and every error line found in a run's combined output."""
     out: dict[str, Any] = {"result": None, "errors": [], "steps": []}
-    for line in text.splitlines():
-        parsed = parse_line(line)
-        if parsed is None:
-            continue
-        kind, payload = parsed
+    for kind, payload in (record for line in text.splitlines() for record in parse_records(line)):
         if kind == "result" and out["result"] is None:
             out["result"] = payload
         elif kind == "error":
