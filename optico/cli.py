@@ -274,6 +274,12 @@ def _figures_table(title: str, report: dict[str, Any]) -> Table:
     return table
 
 
+def _require_files(option: str, paths: list[Path]) -> None:
+    for path in paths:
+        if not path.is_file():
+            _fail(f"{option}: no such file: {path}")
+
+
 @perf_app.command("evaluate")
 def perfmodel_evaluate(
     data: list[Path] = typer.Option(..., "--data", help="Replay CSV file(s) of measured runs."),
@@ -287,9 +293,7 @@ def perfmodel_evaluate(
     from optico.perfmodel.evaluate import evaluate_files
 
     data = [*data, *(more or [])]
-    for path in data:
-        if not path.is_file():
-            _fail(f"--data: no such file: {path}")
+    _require_files("--data", data)
     try:
         report = evaluate_files(data, load_constants(calibration))
     except (ValueError, FileNotFoundError) as exc:
@@ -327,10 +331,8 @@ def perfmodel_calibrate(
     from optico.perfmodel.constants import Constants, load_constants
 
     data = [*data, *(more or [])]
-    for option, paths in (("--data", data), ("--holdout", holdout or [])):
-        for path in paths:
-            if not path.is_file():
-                _fail(f"{option}: no such file: {path}")
+    _require_files("--data", data)
+    _require_files("--holdout", holdout or [])
     if start not in (None, "defaults") and not Path(start).is_file():
         _fail(f"--start: no such file: {start} (or say 'defaults')")
     try:

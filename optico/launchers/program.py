@@ -20,6 +20,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
+from optico.launchers.megatron.bench import BenchSpec, StepLimits, torchrun_command, torchrun_prefix
 from optico.strategy import Strategy
 from optico.workload import Workload
 
@@ -28,19 +29,12 @@ SPEC_FILE = "bench-spec.json"
 PLACEHOLDERS = ("{run_dir}", "{node_rank}", "{nnodes}", "{nproc_per_node}", "{world_size}", "{trial_key}")
 
 
-class MegatronCoreProgram(BaseModel):
+class MegatronCoreProgram(StepLimits):
     """OptiCo's megatron-core benchmark driver (synthetic tokens, warm-up then timed steps)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["megatron-core"] = "megatron-core"
-    warmup: NonNegativeInt = Field(2, description="Untimed steps first.")
-    max_steps: PositiveInt = Field(20, description="Timed steps at most.")
-    min_steps: PositiveInt = Field(3, description="Timed steps at least before the step time may be called stable.")
-    cv_target: float = Field(0.02, gt=0, description="Stop timing once the step times vary this little (CV).")
-    cv_window: PositiveInt = Field(5, description="Steps the coefficient of variation is taken over.")
-    max_time_s: float | None = Field(None, gt=0, description="Stop timing after this many timed seconds.")
-    seed: int = Field(1234, description="Seed of weights and synthetic tokens.")
     python: str | None = Field(None, description="Interpreter that runs torchrun; None = the launcher's own "
                                                  "(the Ray worker's on a cluster).")
 
@@ -106,17 +100,11 @@ class PreparedRun:
         standalone rendezvous picks a free port itself."""
         exe = self.python or python or sys.executable
         if self.kind == "megatron-core":
-            from optico.launchers.megatron.bench import torchrun_command
-
             return torchrun_command(f"{run_dir}/{SPEC_FILE}", self.nproc_per_node, nnodes=self.nnodes,
                                     node_rank=node_rank, master_addr=master_addr, master_port=master_port,
                                     python=exe)
-        cmd = [exe, "-m", "torch.distributed.run", f"--nproc-per-node={self.nproc_per_node}"]
-        if self.nnodes == 1 and master_addr is None:
-            cmd.append("--standalone")
-        else:
-            cmd += [f"--nnodes={self.nnodes}", f"--node-rank={node_rank}", f"--master-addr={master_addr}",
-                    f"--master-port={master_port or 29500}"]
+        cmd = torchrun_prefix(self.nproc_per_node, nnodes=self.nnodes, node_rank=node_rank,
+                              master_addr=master_addr, master_port=master_port, python=exe)
         values = {"{run_dir}": run_dir, "{node_rank}": str(node_rank), "{nnodes}": str(self.nnodes),
                   "{nproc_per_node}": str(self.nproc_per_node), "{world_size}": str(self.world_size),
                   "{trial_key}": trial_key}
@@ -134,11 +122,9 @@ def prepare(program: MegatronCoreProgram | MegatronLMProgram | None, workload: W
     program = program or MegatronCoreProgram()
     nnodes, nproc = node_layout(workload)
     if isinstance(program, MegatronCoreProgram):
-        from optico.launchers.megatron.bench import BenchSpec
-
-        spec = BenchSpec(workload=workload, strategy=strategy, warmup=program.warmup, max_steps=program.max_steps,
-                         min_steps=min(program.min_steps, program.max_steps), cv_target=program.cv_target,
-                         cv_window=program.cv_window, max_time_s=program.max_time_s, seed=program.seed)
+        limits = program.model_dump(include=set(StepLimits.model_fields))
+        limits["min_steps"] = min(program.min_steps, program.max_steps)
+        spec = BenchSpec(workload=workload, strategy=strategy, **limits)
         return PreparedRun(kind=program.kind, nnodes=nnodes, nproc_per_node=nproc,
                            files={SPEC_FILE: spec.model_dump_json(indent=2)}, python=program.python,
                            warmup_iters=program.warmup)

@@ -70,22 +70,27 @@ from optico.workload import PRESETS, Workload
 MODULE = "optico.launchers.megatron.bench"
 
 
-class BenchSpec(BaseModel):
-    """Everything one benchmark run needs."""
+class StepLimits(BaseModel):
+    """How long a run warms up and times its steps (also the spec's `program: {kind: megatron-core}`)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    workload: Workload
-    strategy: Strategy = Strategy()
     warmup: NonNegativeInt = Field(2, description="Untimed steps first (allocation, compilation, hooks).")
     max_steps: PositiveInt = Field(20, description="Timed steps at most (after warm-up).")
     min_steps: PositiveInt = Field(3, description="Timed steps at least before stability may stop timing.")
     cv_target: float = Field(0.02, gt=0, description="Stop once the CV of the last cv_window step times is this or less.")
     cv_window: PositiveInt = Field(5, description="Steps the coefficient of variation is taken over.")
     max_time_s: float | None = Field(None, gt=0, description="Stop timing after this many timed seconds.")
+    seed: int = Field(1234, description="Seed of weights and synthetic tokens.")
+
+
+class BenchSpec(StepLimits):
+    """Everything one benchmark run needs."""
+
+    workload: Workload
+    strategy: Strategy = Strategy()
     max_skipped_steps: NonNegativeInt = Field(
         20, description="Optimizer steps skipped by fp16 loss scaling (never timed) before giving up.")
-    seed: int = 1234
     lr: float = Field(1e-4, gt=0)
     use_cpu_initialization: bool | None = Field(
         None, description="Initialise weights on the host (TP-invariant); None = on CPU runs only.")
@@ -122,13 +127,20 @@ def torchrun_command(spec_path: str | os.PathLike, nproc_per_node: int, *, nnode
                      node_rank: int = 0, master_addr: str | None = None, master_port: int | None = None,
                      python: str | None = None) -> list[str]:
     """The torchrun argv that runs this driver on one node (standalone rendezvous on one node)."""
+    return torchrun_prefix(nproc_per_node, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                           master_port=master_port, python=python) + ["-m", MODULE, "--spec-json", str(spec_path)]
+
+
+def torchrun_prefix(nproc_per_node: int, *, nnodes: int = 1, node_rank: int = 0, master_addr: str | None = None,
+                    master_port: int | None = None, python: str | None = None) -> list[str]:
+    """torchrun and its own options for one node; the program and its arguments follow."""
     cmd = [python or sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}"]
     if nnodes == 1 and master_addr is None:
         cmd.append("--standalone")
     else:
         cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={master_addr}",
                 f"--master-port={master_port or 29500}"]
-    return cmd + ["-m", MODULE, "--spec-json", str(spec_path)]
+    return cmd
 
 
 def _parser() -> argparse.ArgumentParser:
