@@ -17,46 +17,15 @@ Everything passes through `Redactor.scrub` before it is recorded, raised or prin
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
+from optico.redact import MASK, Redactor
+
+__all__ = ["MASK", "Recorder", "Redactor", "null_recorder"]
+
 Recorder = Callable[[str, int, str, dict[str, Any], str], None]
 """record(agent, iteration, kind, content, text): stores one message in the pool."""
-
-# Shapes of credentials worth scrubbing even when they are not the configured key
-# (an endpoint that echoes a header, a URL with user:password).
-_GENERIC = [
-    re.compile(r"\bsk-[A-Za-z0-9_\-]{12,}"),
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9_\-.=]{8,}"),
-    re.compile(r"(?i)(api[-_]?key[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9_\-.]{8,}"),
-    re.compile(r"(?<=://)[^/@\s:]+:[^/@\s]+(?=@)"),
-]
-MASK = "***"
-
-
-class Redactor:
-    """Replaces the configured secrets, and anything shaped like a credential, with ***."""
-
-    def __init__(self, secrets: list[str]):
-        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
-
-    def text(self, value: str) -> str:
-        for secret in self._secrets:
-            value = value.replace(secret, MASK)
-        for pattern in _GENERIC:
-            value = pattern.sub(lambda m: (m.group(1) if m.re.groups else "") + MASK, value)
-        return value
-
-    def scrub(self, value: Any) -> Any:
-        """`value` (str, list, dict, scalars) with every string redacted."""
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, dict):
-            return {k: self.scrub(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [self.scrub(v) for v in value]
-        return value
 
 
 def null_recorder(agent: str, iteration: int, kind: str, content: dict[str, Any], text: str) -> None:

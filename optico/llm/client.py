@@ -27,6 +27,7 @@ import openai
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from optico.llm.audit import Redactor
+from optico.redact import known_secrets, register
 from optico.llm.history import estimate_tokens
 from optico.llm.settings import LLMSettings
 
@@ -111,7 +112,8 @@ class ChatClient:
                  clock: Callable[[], float] = time.monotonic):
         self.settings = settings
         self.model = settings.require_model()
-        self.redactor = Redactor(settings.secrets())
+        self.redactor = Redactor([*settings.secrets(), *known_secrets()])
+        register(*settings.secrets())
         self._sleep, self._clock = sleep, clock
         self._mode = "json_schema" if settings.structured_output == "auto" else settings.structured_output
         self._failures_in_row = 0

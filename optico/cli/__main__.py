@@ -1,0 +1,5 @@
+"""`python -m optico.cli`."""
+
+from optico.cli import app
+
+app()

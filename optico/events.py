@@ -1,0 +1,128 @@
+"""Typed job events: one pydantic model per kind, the one declaration every writer and reader uses.
+
+The loop and the worker write them to the pool (`Store.add_event`), where each gets an id that
+grows per job; the REST stream (SSE), the dashboard and the CLI's live view read them back with
+`after=id`, so a dropped stream resumes without loss or repeats. Reading back validates the
+stored JSON against these models: nothing but plain data ever comes out of the database.
+
+`log` events (a training process's progress lines) are published to live listeners only and
+never stored: a run prints thousands of lines, and the log file is where they are kept.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class JobStateChanged(_Event):
+    """The job moved from one lifecycle state to another."""
+
+    kind: Literal["state"] = "state"
+    status: str
+    previous: str | None = None
+    reason: str | None = None
+    worker: str | None = None
+
+
+class LeaseChanged(_Event):
+    """A worker acquired, took over (an expired lease) or released the job."""
+
+    kind: Literal["lease"] = "lease"
+    action: Literal["acquired", "taken_over", "released"]
+    worker: str
+    previous_worker: str | None = None
+    expires_at: datetime | None = None
+
+
+class TrialStarted(_Event):
+    kind: Literal["trial_started"] = "trial_started"
+    index: int
+    strategy: str
+    rationale: str = ""
+
+
+class TrialFinished(_Event):
+    """A trial's outcome: metrics on success, the diagnosis on failure."""
+
+    kind: Literal["trial_done"] = "trial_done"
+    index: int
+    strategy: str
+    status: str
+    mfu: float | None = None
+    mem_max_gib: float | None = None
+    mem_limit_gib: float | None = None
+    summary: str | None = None
+    rationale: str = ""
+    best_mfu: float | None = None
+
+
+class TrialLost(_Event):
+    """A trial whose worker died and which will not be re-run (its result is unknown)."""
+
+    kind: Literal["trial_lost"] = "trial_lost"
+    index: int
+    reason: str
+
+
+class AgentOutput(_Event):
+    """What an agent said in an iteration (the full message is in the pool's messages)."""
+
+    kind: Literal["agent"] = "agent"
+    iteration: int
+    agent: str
+    message: str
+    text: str = ""
+    reasoner: str | None = None
+
+
+class ReasonerFallback(_Event):
+    """An LLM reasoner's answer could not be used; the offline rules decided instead."""
+
+    kind: Literal["fallback"] = "fallback"
+    iteration: int
+    agent: str
+    reason: str
+
+
+class BudgetChanged(_Event):
+    kind: Literal["budget"] = "budget"
+    max_trials: int | None = None
+    gpu_hours: float | None = None
+
+
+class JobFinished(_Event):
+    kind: Literal["job_done"] = "job_done"
+    status: str
+    stop_reason: str
+    trials: int
+    best_mfu: float | None = None
+
+
+class TrialLog(_Event):
+    """A progress line of a running trial (live only, never stored)."""
+
+    kind: Literal["log"] = "log"
+    index: int
+    line: str
+
+
+JobEvent = Annotated[
+    Union[JobStateChanged, LeaseChanged, TrialStarted, TrialFinished, TrialLost, AgentOutput, ReasonerFallback,
+          BudgetChanged, JobFinished, TrialLog],
+    Field(discriminator="kind"),
+]
+EVENT_ADAPTER: TypeAdapter[JobEvent] = TypeAdapter(JobEvent)
+STORED_KINDS: frozenset[str] = frozenset(
+    {"state", "lease", "trial_started", "trial_done", "trial_lost", "agent", "fallback", "budget", "job_done"})
+
+
+def parse_event(data: dict) -> JobEvent:
+    """A stored or received event as its typed model; ValidationError for anything else."""
+    return EVENT_ADAPTER.validate_python(data)

@@ -1,0 +1,128 @@
+"""Secrets never leave as text: one redactor for everything stored, printed or sent to an LLM.
+
+Known secret values come from
+- the environment: every `OPTICO_*` variable (and `OPENAI_API_KEY`) whose name says it holds
+  a secret (KEY, TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL), and the password inside
+  `OPTICO_DATABASE_URL`;
+- values registered at run time (`register`): an LLM key from settings, a secret in a spec's
+  `launcher.env`, a token just minted.
+Besides the known values, anything shaped like a credential is masked: `sk-...` keys,
+`Bearer ...`, `api_key=...`, `user:password@` in URLs.
+
+Redact first, then truncate: a secret cut in half by truncation would no longer match.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+MASK = "***"
+
+# Names of environment variables whose values are secrets.
+SECRET_NAME = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)")
+
+# Shapes of credentials worth scrubbing even when they are not a configured value
+# (an endpoint that echoes a header, a URL with user:password).
+_SHAPES = [
+    re.compile(r"\bsk-[A-Za-z0-9_\-]{12,}"),
+    re.compile(r"\boptico_[rw]_[A-Za-z0-9_\-]{16,}"),  # our own API tokens
+    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9_\-.=~+/]{8,}"),
+    re.compile(r"(?i)(api[-_]?key[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9_\-.]{8,}"),
+    re.compile(r"(?<=://)[^/@\s:]+:[^/@\s]+(?=@)"),
+]
+_MIN_SECRET_LEN = 4  # shorter values would mask ordinary words and numbers
+
+_registered: set[str] = set()
+_lock = threading.Lock()
+
+
+def is_secret_name(name: str) -> bool:
+    """True when an environment variable of this name holds a secret."""
+    return bool(SECRET_NAME.search(name))
+
+
+def _url_password(url: str) -> str | None:
+    match = re.search(r"://[^/@\s:]+:([^/@\s]+)@", url)
+    return match.group(1) if match else None
+
+
+def environment_secrets(environ: dict[str, str] | None = None) -> set[str]:
+    """Secret values held in our own environment variables."""
+    env = os.environ if environ is None else environ
+    found: set[str] = set()
+    for name, value in env.items():
+        if not value:
+            continue
+        ours = name.startswith("OPTICO_") or name == "OPENAI_API_KEY"
+        if ours and is_secret_name(name):
+            found.add(value)
+        if name.endswith("DATABASE_URL"):
+            password = _url_password(value)
+            if password:
+                found.add(password)
+    return found
+
+
+def register(*values: str | None) -> None:
+    """Adds secret values to redact from now on, in this process."""
+    with _lock:
+        _registered.update(v for v in values if v and len(v) >= _MIN_SECRET_LEN)
+
+
+def known_secrets() -> list[str]:
+    """Every secret value known now, longest first (so a key containing another is masked whole)."""
+    with _lock:
+        values = set(_registered)
+    values |= {v for v in environment_secrets() if len(v) >= _MIN_SECRET_LEN}
+    return sorted(values, key=len, reverse=True)
+
+
+class Redactor:
+    """Masks the given secrets and credential shapes with ***."""
+
+    def __init__(self, secrets: Iterable[str] = ()):
+        self._secrets = sorted({s for s in secrets if s and len(s) >= _MIN_SECRET_LEN}, key=len, reverse=True)
+
+    def text(self, value: str) -> str:
+        for secret in self._secrets:
+            value = value.replace(secret, MASK)
+        for pattern in _SHAPES:
+            value = pattern.sub(lambda m: (m.group(1) if m.re.groups else "") + MASK, value)
+        return value
+
+    def scrub(self, value: Any) -> Any:
+        """`value` (str, list, dict, scalars) with every string redacted, keys included."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {self.text(k) if isinstance(k, str) else k: self.scrub(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.scrub(v) for v in value]
+        return value
+
+
+def current() -> Redactor:
+    """A redactor for every secret known now (environment and registered)."""
+    return Redactor(known_secrets())
+
+
+def redact(text: str) -> str:
+    """`text` with every known secret and credential shape masked."""
+    return current().text(text)
+
+
+def scrub(value: Any) -> Any:
+    """A JSON-like value with every string redacted."""
+    return current().scrub(value)
+
+
+def clip(text: str, max_chars: int, *, tail: bool = False) -> str:
+    """Redacts, then cuts to `max_chars` (the start, or the end with `tail`)."""
+    clean = redact(text)
+    if len(clean) <= max_chars:
+        return clean
+    return clean[-max_chars:] if tail else clean[:max_chars]
