@@ -1,45 +1,78 @@
-"""The LangGraph checkpointer, in the same database as the pool.
+"""The LangGraph checkpointer, in the same database as the pool, reading plain data only.
 
-One thread per job ("optico-job-<id>"): a killed process resumes the job where it
-stopped. SQLite shares the pool's file (WAL); PostgreSQL gets the plain
-postgresql:// URL the PostgresSaver wants. LangGraph's tables (checkpoints, writes,
-checkpoint_*) never collide with the pool's optico_* tables.
+One thread per job ("optico-job-<id>"): a killed worker's successor resumes the job where it
+stopped. SQLite shares the pool's file (WAL); PostgreSQL gets the plain postgresql:// URL the
+saver wants and keeps its tables (checkpoints, checkpoint_*) apart from the pool's optico_* ones.
+
+Safety: LangGraph's default serializer rebuilds arbitrary Python objects from stored rows, so
+anyone able to write the checkpoint tables could run code on the workers. Our loop state is
+JSON, so `PlainDataSerializer` writes JSON and reads back only JSON (and msgpack without
+extension types, for checkpoints written before this serializer): any other payload is refused.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
+import ormsgpack
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from optico.pool.db import is_sqlite, langgraph_url
+
+
+class UnsafeCheckpoint(ValueError):
+    """A stored checkpoint value is not plain data; it is refused rather than deserialized."""
+
+
+class PlainDataSerializer:
+    """LangGraph's SerializerProtocol over JSON: dicts, lists, str, int, float, bool and None only."""
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        if obj is None:
+            return "null", b""
+        # A non-JSON value in the loop state is our bug: fail loudly where it is written.
+        return "json", json.dumps(obj, allow_nan=False, separators=(",", ":")).encode()
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        kind, blob = data
+        if kind == "null":
+            return None
+        if kind == "json":
+            return json.loads(blob)
+        if kind == "msgpack":
+            try:
+                # Without an ext_hook, ormsgpack refuses extension types (how objects are encoded).
+                return ormsgpack.unpackb(blob)
+            except (ValueError, TypeError) as exc:
+                raise UnsafeCheckpoint(f"checkpoint value refused: it is not plain data ({exc})") from None
+        raise UnsafeCheckpoint(f"checkpoint value of type {kind!r} refused: only plain data is read")
 
 
 def thread_config(job_id: int) -> dict:
     return {"configurable": {"thread_id": f"optico-job-{job_id}"}}
 
 
-@contextmanager
-def open_checkpointer(database_url: str) -> Iterator[BaseCheckpointSaver]:
-    """A checkpointer on `database_url` (the pool's URL), closed on exit."""
+@asynccontextmanager
+async def open_checkpointer(database_url: str) -> AsyncIterator[BaseCheckpointSaver]:
+    """An async checkpointer on `database_url` (the pool's URL) with the plain-data serializer."""
     target = langgraph_url(database_url)
+    serde = PlainDataSerializer()
     if is_sqlite(database_url):
-        from langgraph.checkpoint.sqlite import SqliteSaver
+        import aiosqlite
+        from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-        conn = sqlite3.connect(target, check_same_thread=False, timeout=30)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA busy_timeout=30000")
-        try:
-            saver = SqliteSaver(conn)
-            saver.setup()
+        async with aiosqlite.connect(target, timeout=30) as conn:
+            await conn.execute("PRAGMA journal_mode=WAL")
+            await conn.execute("PRAGMA busy_timeout=30000")
+            saver = AsyncSqliteSaver(conn, serde=serde)
+            await saver.setup()
             yield saver
-        finally:
-            conn.close()
         return
-    from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 
-    with PostgresSaver.from_conn_string(target) as saver:
-        saver.setup()
+    async with AsyncPostgresSaver.from_conn_string(target, serde=serde) as saver:
+        await saver.setup()
         yield saver

@@ -11,6 +11,7 @@ trial key, so a resumed job neither loses a finished trial nor runs one twice.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
@@ -30,18 +31,33 @@ from optico.agents.contracts import (
     GenerationReasoner,
 )
 from optico.agents.generation import RulesGeneration
+from optico import faults
 from optico.agents.seeding import heuristic_start
+from optico.events import (
+    STORED_KINDS,
+    AgentOutput,
+    JobEvent,
+    JobFinished,
+    TrialFinished,
+    TrialLog,
+    TrialLost,
+    TrialStarted,
+)
 from optico.guard import Guard
 from optico.launchers.base import Launcher
 from optico.perfmodel.online import JobModel
-from optico.pool.records import JobStatus
-from optico.pool.store import Store
+from optico.pool.contract import Store
+from optico.pool.lifecycle import JobStatus
+from optico.redact import clip
 from optico.spec import JobSpec
 from optico.strategy import Strategy
 from optico.trial import Failure, FailureCategory, Trial, TrialStatus
 
 EventSink = Callable[[str, dict[str, Any]], None]
+"""Live listener: called with (event kind, event as JSON) for every event, stored or not."""
 MAX_ATTEMPTS = 2  # a RETRY verdict re-runs a configuration once
+MAX_LAUNCHES = 2  # a trial whose worker died is re-run once under its index, then recorded as lost
+LOG_EXCERPT_CHARS = 4000
 
 
 class LoopState(TypedDict, total=False):
@@ -61,6 +77,7 @@ class LoopContext:
 
     store: Store
     spec: JobSpec
+    worker: str
     launcher: Launcher
     model: JobModel
     guard: Guard
@@ -78,10 +95,19 @@ class LoopContext:
 
 # -- helpers -----------------------------------------------------------------------
 
-def _emit(ctx: LoopContext, job_id: int, kind: str, payload: dict[str, Any]) -> None:
-    ctx.store.add_event(job_id, kind, payload)
+def _emit(ctx: LoopContext, job_id: int, event: JobEvent) -> None:
+    """Stores the event (unless it is live-only), then tells the live listener."""
+    if event.kind in STORED_KINDS:
+        ctx.store.add_event(job_id, event, worker=ctx.worker)
     if ctx.on_event:
-        ctx.on_event(kind, payload)
+        ctx.on_event(event.kind, event.model_dump(mode="json"))
+
+
+def _say(ctx: LoopContext, job_id: int, iteration: int, agent: str, kind: str, content: dict[str, Any],
+         text: str = "") -> None:
+    """Stores an agent's message in the pool and announces it as an event."""
+    ctx.store.add_message(job_id, iteration, agent, kind, content, text, worker=ctx.worker)
+    _emit(ctx, job_id, AgentOutput(iteration=iteration, agent=agent, message=kind, text=clip(text, 500)))
 
 
 def _best(trials: list[Trial]) -> Trial | None:
@@ -95,44 +121,66 @@ def _reference(trials: list[Trial]) -> Strategy:
 
 
 def _finished(trials: list[Trial]) -> list[Trial]:
-    return [t for t in trials if t.status != TrialStatus.RUNNING]
+    """The trials with a result (a running or lost trial tells the agents nothing)."""
+    return [t for t in trials if t.status in (TrialStatus.OK, TrialStatus.FAILED)]
 
 
 # -- nodes -------------------------------------------------------------------------
 
 def seed(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
     ctx, job_id = runtime.context, state["job_id"]
-    ctx.store.set_job_status(job_id, JobStatus.RUNNING)
     ctx.model.observe(ctx.prior)
     if ctx.spec.baseline is not None:
         strategy, why = ctx.spec.baseline, "baseline from the spec (the expert's configuration)"
     else:
         strategy, why = heuristic_start(ctx.pool, ctx.model, ctx.prior)
-    ctx.store.add_message(job_id, 1, "seed", "seed", {"strategy": strategy.model_dump(mode="json")}, why)
+    _say(ctx, job_id, 1, "seed", "seed", {"strategy": strategy.model_dump(mode="json")}, why)
     return {"candidate": strategy.model_dump(mode="json"), "rationale": why, "retry": False, "next_index": 1}
 
 
-def validate(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
+async def _launch(ctx: LoopContext, job_id: int, index: int, strategy: Strategy, trial_id: int) -> Trial:
+    """Runs the claimed trial through the launcher and stores its outcome. Cancelling the task that
+    awaits this kills the run (the launcher contract) before the CancelledError propagates."""
+    trial = ctx.store.begin_attempt(trial_id, worker=ctx.worker)
+
+    def progress(line: str) -> None:
+        _emit(ctx, job_id, TrialLog(index=index, line=clip(line, 500)))
+
+    started = time.monotonic()
+    run = asyncio.ensure_future(ctx.launcher.launch(ctx.spec.workload, strategy, trial_key=f"job{job_id}-trial{index}",
+                                                    progress=progress))
+    await asyncio.sleep(0)  # let the launch begin before a crash point can fire
+    faults.point("trial")
+    result = await run
+    excerpt = clip(result.log, LOG_EXCERPT_CHARS, tail=True)
+    pending = None if result.ok else Failure(
+        category=result.category_hint or FailureCategory.UNKNOWN, summary="awaiting diagnosis",
+        confidence=0, log_excerpt=excerpt)
+    trial = ctx.store.finish_trial(
+        trial.id, status=TrialStatus.OK if result.ok else TrialStatus.FAILED, metrics=result.metrics,
+        failure=pending, gpu_seconds=result.gpu_seconds, fingerprint=result.fingerprint,
+        log_path=result.log_path, log_excerpt=excerpt, wall_seconds=time.monotonic() - started, worker=ctx.worker)
+    faults.point("after_trial")
+    return trial
+
+
+async def validate(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
     ctx, job_id, index = runtime.context, state["job_id"], state["next_index"]
     strategy = Strategy.model_validate(state["candidate"])
-    trial = ctx.store.start_trial(job_id, index, strategy, state.get("rationale", ""))
-    ctx.store.heartbeat(job_id)
-    if trial.status == TrialStatus.RUNNING:
-        _emit(ctx, job_id, "trial_started", {"index": index, "strategy": strategy.short(),
-                                             "rationale": state.get("rationale", "")})
-        result = asyncio.run(ctx.launcher.launch(
-            ctx.spec.workload, strategy, trial_key=f"job{job_id}-trial{index}",
-            progress=lambda line: ctx.on_event and ctx.on_event("log", {"index": index, "line": line})))
-        pending = None if result.ok else Failure(
-            category=result.category_hint or FailureCategory.UNKNOWN, summary="awaiting diagnosis",
-            confidence=0, log_excerpt=result.log[-4000:])
-        trial = ctx.store.finish_trial(
-            trial.id, status=TrialStatus.OK if result.ok else TrialStatus.FAILED, metrics=result.metrics,
-            failure=pending, gpu_seconds=result.gpu_seconds, fingerprint=result.fingerprint,
-            log_path=result.log_path, log_excerpt=result.log[-4000:])
-    ctx.store.add_message(job_id, index, "validation", "result", {
+    rationale = state.get("rationale", "")
+    trial = ctx.store.start_trial(job_id, index, strategy, rationale, worker=ctx.worker)
+    if trial.status == TrialStatus.RUNNING and trial.attempts >= MAX_LAUNCHES:
+        # Its worker died during every allowed launch: record it lost rather than risk a third.
+        reason = f"its worker died during {trial.attempts} launches"
+        trial = ctx.store.lose_trial(trial.id, reason, worker=ctx.worker)
+        _emit(ctx, job_id, TrialLost(index=index, reason=reason))
+    elif trial.status == TrialStatus.RUNNING:
+        again = " (re-run: its worker died)" if trial.attempts else ""
+        _emit(ctx, job_id, TrialStarted(index=index, strategy=strategy.short(), rationale=clip(rationale + again, 500)))
+        trial = await _launch(ctx, job_id, index, strategy, trial.id)
+    _say(ctx, job_id, index, "validation", "result", {
         "status": trial.status.value, "metrics": trial.metrics.model_dump() if trial.metrics else None,
-        "gpu_seconds": trial.gpu_seconds}, trial.log_excerpt[-500:])
+        "gpu_seconds": trial.gpu_seconds, "attempts": trial.attempts}, trial.log_excerpt[-500:])
     return {"next_index": index + 1}
 
 
@@ -153,39 +201,45 @@ def diagnose(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
         failure = ctx.failure.diagnose(inp)
     except Exception as exc:  # an LLM reasoner that broke: the rules answer instead
         failure = ctx.rules_failure.diagnose(inp)
-        ctx.store.add_message(job_id, trial.index, "failure", "fallback", {"error": str(exc)[:500]})
+        ctx.store.add_message(job_id, trial.index, "failure", "fallback", {"error": clip(str(exc), 500)},
+                              worker=ctx.worker)
     failure = failure.model_copy(update={"log_excerpt": failure.log_excerpt or trial.log_excerpt[-500:]})
-    ctx.store.set_trial_failure(trial.id, failure)
-    ctx.store.add_message(job_id, trial.index, "failure", "diagnosis", failure.model_dump(mode="json"),
-                          failure.summary)
+    ctx.store.set_trial_failure(trial.id, failure, worker=ctx.worker)
+    _say(ctx, job_id, trial.index, "failure", "diagnosis", failure.model_dump(mode="json"), failure.summary)
     return {}
 
 
 def record(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
-    ctx, job_id, spec = runtime.context, state["job_id"], runtime.context.spec
+    ctx, job_id = runtime.context, state["job_id"]
     trials = ctx.store.trials(job_id)
+    job = ctx.store.get_job(job_id)  # the live budget and any stop request
     last = trials[-1]
     best = _best(trials)
-    ctx.store.set_job_status(job_id, JobStatus.RUNNING, best_trial_id=best.id if best else None)
-    _emit(ctx, job_id, "trial_done", {
-        "index": last.index, "strategy": last.strategy.short(), "status": last.status.value,
-        "mfu": last.mfu, "mem_max_gib": last.metrics.mem_max_gib if last.metrics else None,
-        "mem_limit_gib": ctx.model.limit_gib, "summary": last.failure.summary if last.failure else None,
-        "rationale": last.rationale, "best_mfu": best.mfu if best else None})
+    if best:
+        ctx.store.set_best_trial(job_id, best.id, worker=ctx.worker)
+    _emit(ctx, job_id, TrialFinished(
+        index=last.index, strategy=last.strategy.short(), status=last.status.value, mfu=last.mfu,
+        mem_max_gib=last.metrics.mem_max_gib if last.metrics else None, mem_limit_gib=ctx.model.limit_gib,
+        summary=last.failure.summary if last.failure else None, rationale=clip(last.rationale, 500),
+        best_mfu=best.mfu if best else None))
 
-    budget, gpu_hours = spec.budget, sum(t.gpu_seconds for t in trials) / 3600
+    budget, gpu_hours = ctx.spec.budget, sum(t.gpu_seconds for t in trials) / 3600
     stop = None
-    if len(trials) >= budget.max_trials:
-        stop = f"max trials ({budget.max_trials}) reached"
-    elif budget.gpu_hours is not None and gpu_hours >= budget.gpu_hours:
-        stop = f"GPU-hour budget spent ({gpu_hours:.1f} of {budget.gpu_hours})"
+    if job.status is JobStatus.STOPPING:
+        stop = job.stop_reason or "stopped on request"
+    elif job.status is JobStatus.CANCELLED:
+        stop = "cancelled"
+    elif len(trials) >= job.max_trials:
+        stop = f"max trials ({job.max_trials}) reached"
+    elif job.gpu_hours is not None and gpu_hours >= job.gpu_hours:
+        stop = f"GPU-hour budget spent ({gpu_hours:.1f} of {job.gpu_hours})"
     elif budget.target_mfu is not None and best and best.mfu >= budget.target_mfu:
         stop = f"target MFU {budget.target_mfu:.1%} reached"
     elif budget.patience is not None and best and last.index - best.index >= budget.patience:
         stop = f"no improvement in {budget.patience} trials"
     if stop:
         return {"stop_reason": stop}
-    if last.failure and last.failure.retry:
+    if last.failure and last.failure.retry and last.status is TrialStatus.FAILED:
         attempts = sum(1 for t in trials if t.signature == last.signature)
         if attempts < MAX_ATTEMPTS:
             return {"candidate": last.strategy.model_dump(mode="json"), "retry": True,
@@ -203,13 +257,16 @@ def analyze(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
     ctx, job_id, iteration = runtime.context, state["job_id"], state["next_index"]
     trials = _finished(ctx.store.trials(job_id))
     inp = _analysis_input(ctx, trials, iteration)
+    faults.point("analysis")
     try:
         out = ctx.analysis.analyze(inp)
     except Exception as exc:  # the LLM reasoner failed: the offline rules answer
-        ctx.store.add_message(job_id, iteration, "analysis", "fallback", {"error": str(exc)[:500]})
+        ctx.store.add_message(job_id, iteration, "analysis", "fallback", {"error": clip(str(exc), 500)},
+                              worker=ctx.worker)
         out = ctx.rules_analysis.analyze(inp)
-    ctx.store.add_message(job_id, iteration, "analysis", "output", out.model_dump(mode="json"),
-                          "\n".join(s.text for s in out.suggestions[:5]))
+    _say(ctx, job_id, iteration, "analysis", "output", out.model_dump(mode="json"),
+         "\n".join(s.text for s in out.suggestions[:5]))
+    faults.point("before_checkpoint")
     return {"analysis": out.model_dump(mode="json")}
 
 
@@ -222,10 +279,11 @@ def generate(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
     try:
         out = ctx.generation.generate(inp)
     except Exception as exc:
-        ctx.store.add_message(job_id, iteration, "generation", "fallback", {"error": str(exc)[:500]})
+        ctx.store.add_message(job_id, iteration, "generation", "fallback", {"error": clip(str(exc), 500)},
+                              worker=ctx.worker)
         out = ctx.rules_generation.generate(inp)
-    ctx.store.add_message(job_id, iteration, "generation", "output", out.model_dump(mode="json"),
-                          "\n".join(p.rationale for p in out.proposals[:5]))
+    _say(ctx, job_id, iteration, "generation", "output", out.model_dump(mode="json"),
+         "\n".join(p.rationale for p in out.proposals[:5]))
     return {"proposals": [p.model_dump(mode="json") for p in out.proposals]}
 
 
@@ -253,15 +311,15 @@ def guard(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
     rejected = []
     converged = _converged(ctx, trials)
     if converged:
-        ctx.store.add_message(job_id, iteration, "guard", "verdict", {"admitted": None, "rejected": []}, converged)
+        _say(ctx, job_id, iteration, "guard", "verdict", {"admitted": None, "rejected": []}, converged)
         return {"candidate": None, "stop_reason": converged}
     for attempt in ("reasoner", "rules fallback"):
         for p in proposals:
             verdict = ctx.guard.check(p.strategy, trials, ctx.prior)
             if verdict.admitted:
-                ctx.store.add_message(job_id, iteration, "guard", "verdict",
-                                      {"admitted": p.strategy.model_dump(mode="json"), "rejected": rejected,
-                                       "source": attempt}, p.rationale)
+                _say(ctx, job_id, iteration, "guard", "verdict",
+                     {"admitted": p.strategy.model_dump(mode="json"), "rejected": rejected, "source": attempt},
+                     p.rationale)
                 return {"candidate": p.strategy.model_dump(mode="json"), "rationale": p.rationale,
                         "retry": False, "stop_reason": None}
             rejected.append({"strategy": p.strategy.short(), "rule": verdict.rule, "reason": verdict.reason})
@@ -273,26 +331,39 @@ def guard(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
         proposals = ctx.rules_generation.generate(GenerationInput(
             workload=ctx.spec.workload, search_space=ctx.spec.search_space, reference=inp.reference,
             analysis=analysis)).proposals
-    ctx.store.add_message(job_id, iteration, "guard", "verdict", {"admitted": None, "rejected": rejected},
-                          "search space exhausted")
+    _say(ctx, job_id, iteration, "guard", "verdict", {"admitted": None, "rejected": rejected},
+         "search space exhausted")
     return {"candidate": None, "stop_reason": "search space exhausted"}
 
 
 def finish(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
     ctx, job_id = runtime.context, state["job_id"]
-    trials = ctx.store.trials(job_id)
-    best = _best(trials)
-    reason = state.get("stop_reason") or "stopped"
-    ctx.store.set_job_status(job_id, JobStatus.COMPLETED, stop_reason=reason, best_trial_id=best.id if best else None)
-    _emit(ctx, job_id, "job_done", {"stop_reason": reason, "trials": len(trials),
-                                    "best_mfu": best.mfu if best else None})
+    complete_job(ctx.store, job_id, ctx.worker, state.get("stop_reason") or "stopped", on_event=ctx.on_event)
     return {}
+
+
+def complete_job(store: Store, job_id: int, worker: str, reason: str, *, on_event: EventSink | None = None) -> None:
+    """Marks the job succeeded with `reason` (unless it was cancelled meanwhile) and says so.
+    Safe to repeat: the runner calls it again when a resumed graph had nothing left to run."""
+    job = store.get_job(job_id)
+    if job.status not in (JobStatus.RUNNING, JobStatus.STOPPING):
+        return
+    trials = store.trials(job_id)
+    best = _best(trials)
+    if best:
+        store.set_best_trial(job_id, best.id, worker=worker)
+    store.transition(job_id, JobStatus.SUCCEEDED, reason=reason, worker=worker)
+    event = JobFinished(status=JobStatus.SUCCEEDED.value, stop_reason=reason, trials=len(trials),
+                        best_mfu=best.mfu if best else None)
+    store.add_event(job_id, event)
+    if on_event:
+        on_event(event.kind, event.model_dump(mode="json"))
 
 
 # -- routing -----------------------------------------------------------------------
 
 def after_validate(state: LoopState, runtime: Runtime[LoopContext]) -> Literal["diagnose", "record"]:
-    trials = runtime.context.store.trials(state["job_id"])
+    trials = runtime.context.store.trials(state["job_id"], after_index=state["next_index"] - 2)
     last = next(t for t in trials if t.index == state["next_index"] - 1)
     return "diagnose" if last.status == TrialStatus.FAILED else "record"
 

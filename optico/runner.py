@@ -1,20 +1,67 @@
-"""Runs a job: builds the agents, the launcher and the guard, then drives the graph."""
+"""Runs a job under its lease: builds the agents, the launcher and the guard, then drives the graph.
+
+    claim the lease ──► heartbeat thread renews it for the whole run (long trials included)
+                   └──► the graph runs as an asyncio task; a cancel request, a lost lease or a
+                        shutdown cancels the task, which kills the running trial (launcher contract)
+
+The outcome is written by the lease holder only: succeeded (the graph's `finish`), cancelled
+(the request came from outside; the running trial is recorded lost), interrupted (Ctrl-C or a
+worker shutdown: resumable), failed (the run itself broke; resumable). "Finished" is read from
+the pool's status, never from the checkpoint, so a resume always completes the job.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
 
 from optico.agents.analysis import RulesAnalysis
 from optico.agents.failure import RulesFailureAnalysis
 from optico.agents.generation import RulesGeneration
 from optico.checkpoint import open_checkpointer, thread_config
+from optico.events import JobFinished
 from optico.guard import Guard
 from optico.launchers.base import Launcher
 from optico.launchers.factory import build_launcher
-from optico.loop import EventSink, LoopContext, build_graph
+from optico.loop import EventSink, LoopContext, build_graph, complete_job
 from optico.perfmodel.constants import load_constants
 from optico.perfmodel.online import JobModel
-from optico.pool.store import Store
+from optico.pool.contract import Store, StoreError
+from optico.pool.lifecycle import JobStatus, LeaseLost, LifecycleError
+from optico.pool.records import JobRecord
+from optico.redact import clip
 from optico.spec import JobSpec
 from optico.strategy import Strategy
+from optico.trial import TrialStatus
+
+
+@dataclass(frozen=True)
+class LeasePolicy:
+    """How long a lease lasts and how often it is renewed (a dead worker's job is taken over after
+    `lease_s`; renewing every `lease_s / 4` rides out a few missed beats)."""
+
+    lease_s: float = 60.0
+    renew_s: float | None = None
+
+    @property
+    def interval_s(self) -> float:
+        return self.renew_s if self.renew_s is not None else self.lease_s / 4
+
+    @classmethod
+    def from_env(cls) -> LeasePolicy:
+        lease = float(os.environ.get("OPTICO_LEASE_S", "60"))
+        renew = os.environ.get("OPTICO_LEASE_RENEW_S")
+        return cls(lease_s=lease, renew_s=float(renew) if renew else None)
+
+
+def new_worker_id(role: str = "worker") -> str:
+    """host:pid:random — unique per process start, readable in "held by worker W"."""
+    return f"{socket.gethostname()}:{os.getpid()}:{role}-{uuid.uuid4().hex[:6]}"
 
 
 def search_pool(spec: JobSpec, launcher: Launcher) -> tuple[list[Strategy], list[Strategy] | None]:
@@ -26,7 +73,7 @@ def search_pool(spec: JobSpec, launcher: Launcher) -> tuple[list[Strategy], list
     return inside, inside
 
 
-def build_context(spec: JobSpec, store: Store, job_id: int, *, launcher: Launcher | None = None,
+def build_context(spec: JobSpec, store: Store, job_id: int, *, worker: str, launcher: Launcher | None = None,
                   on_event: EventSink | None = None) -> LoopContext:
     constants = load_constants(spec.calibration)
     launcher = launcher or build_launcher(spec.launcher, spec.seed, constants)
@@ -46,28 +93,158 @@ def build_context(spec: JobSpec, store: Store, job_id: int, *, launcher: Launche
         from optico.agents.llm import build_llm_reasoners
 
         def record(agent: str, iteration: int, kind: str, content: dict, text: str = "") -> None:
-            store.add_message(job_id, iteration, agent, kind, content, text)
+            store.add_message(job_id, iteration, agent, kind, content, text, worker=worker)
 
         llm = build_llm_reasoners(spec, rules_analysis, record)
         analysis = llm.analysis if chosen.analysis == "openai" else analysis
         generation = llm.generation if chosen.generation == "openai" else generation
         failure = llm.failure if chosen.failure == "openai" else failure
-    return LoopContext(store=store, spec=spec, launcher=launcher, model=model, guard=guard, pool=pool,
+    return LoopContext(store=store, spec=spec, worker=worker, launcher=launcher, model=model, guard=guard, pool=pool,
                        analysis=analysis, generation=generation, failure=failure,
                        rules_analysis=rules_analysis, rules_generation=rules_generation,
                        rules_failure=rules_failure, on_event=on_event, prior=prior, candidates=candidates)
 
 
-def run_job(store: Store, database_url: str, job_id: int, *, launcher: Launcher | None = None,
-            on_event: EventSink | None = None) -> None:
-    """Runs (or resumes) job `job_id` to completion; its checkpoints share the pool's database."""
-    spec = store.get_job(job_id).spec
-    ctx = build_context(spec, store, job_id, launcher=launcher, on_event=on_event)
-    with open_checkpointer(database_url) as saver:
+class Heartbeat(threading.Thread):
+    """Renews the lease every `policy.interval_s` while the job runs, and watches for what ends it
+    early: a cancel request, a lost lease (another worker took over), or a database that stays
+    unreachable past the lease (we can no longer be sure we hold it). Any of them cancels the task."""
+
+    def __init__(self, store: Store, job_id: int, worker: str, policy: LeasePolicy,
+                 loop: asyncio.AbstractEventLoop, task: asyncio.Task):
+        super().__init__(name=f"optico-heartbeat-{job_id}", daemon=True)
+        self.store, self.job_id, self.worker, self.policy = store, job_id, worker, policy
+        self.loop, self.task = loop, task
+        self.reason: str | None = None  # why the task was cancelled: 'cancelled', 'lease_lost', 'lease_expired'
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def _end(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.loop.call_soon_threadsafe(self.task.cancel)
+
+    def run(self) -> None:
+        last_ok = time.monotonic()
+        while not self._stop_event.wait(self.policy.interval_s):
+            try:
+                job = self.store.renew_lease(self.job_id, self.worker, self.policy.lease_s)
+                last_ok = time.monotonic()
+            except LeaseLost:
+                self._end("lease_lost")
+                return
+            except StoreError:
+                if time.monotonic() - last_ok > self.policy.lease_s:
+                    self._end("lease_expired")
+                    return
+                continue
+            if job.status is JobStatus.CANCELLED:
+                self._end("cancelled")
+                return
+
+
+async def _run_graph(store: Store, database_url: str, job_id: int, ctx: LoopContext) -> None:
+    async with open_checkpointer(database_url) as saver:
         app = build_graph().compile(checkpointer=saver)
         config = thread_config(job_id)
-        snapshot = app.get_state(config)
-        if snapshot.values and not snapshot.next:
-            return  # finished before
-        start = None if snapshot.next else {"job_id": job_id, "next_index": 1}
-        app.invoke(start, config, context=ctx, durability="sync")
+        snapshot = await app.aget_state(config)
+        # A thread with values is resumed with None, even when LangGraph reports no `next` (a step
+        # whose output was saved without its checkpoint): it finishes the interrupted step.
+        start = None if snapshot.values else {"job_id": job_id, "next_index": 1}
+        await app.ainvoke(start, config, context=ctx, durability="sync")
+    # The graph may end without `finish` having run in this process (it ran before a crash whose
+    # status write was lost): the status decides, and completing is safe to repeat.
+    complete_job(store, job_id, ctx.worker, "finished", on_event=ctx.on_event)
+
+
+class JobInterrupted(Exception):
+    """The run stopped before the job finished (shutdown, Ctrl-C): the job is resumable."""
+
+
+async def run_claimed_job(store: Store, database_url: str, job_id: int, *, worker: str,
+                          policy: LeasePolicy | None = None, launcher: Launcher | None = None,
+                          on_event: EventSink | None = None, shutdown: asyncio.Event | None = None) -> JobRecord:
+    """Runs job `job_id`, whose lease `worker` holds, to its end; returns the final record.
+
+    `shutdown` set from outside interrupts the run (the running trial is killed and re-run by the
+    next worker). Never raises for the outcome of the job itself: a broken run marks it failed."""
+    policy = policy or LeasePolicy()
+    job = store.get_job(job_id)
+    ctx = build_context(job.spec, store, job_id, worker=worker, launcher=launcher, on_event=on_event)
+    task = asyncio.ensure_future(_run_graph(store, database_url, job_id, ctx))
+    heartbeat = Heartbeat(store, job_id, worker, policy, asyncio.get_running_loop(), task)
+    heartbeat.start()
+    watcher = asyncio.ensure_future(_cancel_on(shutdown, task, heartbeat)) if shutdown is not None else None
+    try:
+        await task
+    except asyncio.CancelledError:
+        if heartbeat.reason is None:
+            # This coroutine itself was cancelled (Ctrl-C under asyncio.run): an interruption.
+            heartbeat.reason = "interrupted"
+            _settle(store, job_id, worker, heartbeat.reason, on_event)
+            raise
+        _settle(store, job_id, worker, heartbeat.reason, on_event)
+    except KeyboardInterrupt:
+        heartbeat.reason = heartbeat.reason or "interrupted"
+        _settle(store, job_id, worker, "interrupted", on_event)
+        raise
+    except LeaseLost:
+        pass  # another worker runs the job now; nothing of ours may be written
+    except Exception as exc:  # the run broke (a bug, a dead database): failed, resumable
+        reason = clip(f"{type(exc).__name__}: {exc}".splitlines()[0], 500)
+        try:
+            store.transition(job_id, JobStatus.FAILED, reason=reason, worker=worker)
+        except (LifecycleError, StoreError):
+            pass
+    finally:
+        heartbeat.stop()
+        if watcher is not None:
+            watcher.cancel()
+        await ctx.launcher.aclose()
+    return store.get_job(job_id)
+
+
+async def _cancel_on(shutdown: asyncio.Event, task: asyncio.Task, heartbeat: Heartbeat) -> None:
+    await shutdown.wait()
+    if heartbeat.reason is None:
+        heartbeat.reason = "interrupted"
+        task.cancel()
+
+
+def _settle(store: Store, job_id: int, worker: str, reason: str, on_event: EventSink | None) -> None:
+    """After the task was cancelled for `reason`: record the running trial and the job's state."""
+    if reason in ("lease_lost", "lease_expired"):
+        return  # not ours any more: the next holder resumes (and re-runs the trial once)
+    try:
+        if reason == "cancelled":
+            for trial in store.trials(job_id):
+                if trial.status is TrialStatus.RUNNING:
+                    store.lose_trial(trial.id, "the job was cancelled while it ran", worker=worker)
+            trials = store.trials(job_id)
+            best = [t.mfu for t in trials if t.mfu is not None]
+            event = JobFinished(status=JobStatus.CANCELLED.value, stop_reason="cancelled", trials=len(trials),
+                                best_mfu=max(best) if best else None)
+            store.add_event(job_id, event, worker=worker)
+            store.release_lease(job_id, worker)
+            if on_event:
+                on_event(event.kind, event.model_dump(mode="json"))
+        else:
+            store.transition(job_id, JobStatus.INTERRUPTED, reason="interrupted: its worker stopped", worker=worker)
+    except (LifecycleError, StoreError):
+        pass  # the lease is gone or the database is down: the next holder sorts it out
+
+
+def run_job(store: Store, database_url: str, job_id: int, *, worker: str | None = None,
+            policy: LeasePolicy | None = None, launcher: Launcher | None = None,
+            on_event: EventSink | None = None) -> JobRecord:
+    """Claims job `job_id` for `worker` (a new id if None) and runs it to its end in this thread.
+
+    Raises LeaseHeld when another live worker holds it, IllegalTransition when it has finished.
+    Ctrl-C marks the job interrupted (resumable) and re-raises KeyboardInterrupt."""
+    policy = policy or LeasePolicy.from_env()
+    worker = worker or new_worker_id("tune")
+    store.claim_job(worker, policy.lease_s, job_id=job_id)
+    return asyncio.run(run_claimed_job(store, database_url, job_id, worker=worker, policy=policy,
+                                       launcher=launcher, on_event=on_event))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
 from optico.launchers.program import ProgramSpec
 from optico.perfmodel.constants import load_constants
@@ -55,8 +55,9 @@ class LauncherSpec(BaseModel):
     noise: float = Field(0.01, ge=0, le=0.5, description="Simulator: relative step-time noise (std dev).")
     hang_rate: float = Field(0.02, ge=0, le=1, description="Simulator: chance a run hangs (NCCL watchdog).")
     infra_rate: float = Field(0.0, ge=0, le=1, description="Simulator: chance a run dies of a node fault.")
-    delay_s: float = Field(0.0, ge=0, le=3600, description="Simulator: real seconds each run takes (to watch "
-                                                            "progress, or interrupt a run).")
+    trial_seconds: float = Field(0.0, ge=0, le=3600, validation_alias=AliasChoices("trial_seconds", "delay_s"),
+                                 description="Simulator: wall-clock seconds each simulated trial takes (to watch "
+                                             "progress live, or interrupt a run); `delay_s` is its old name.")
     data: str | None = Field(None, description="Replay: the CSV of measured runs.")
     timeout_s: float = Field(3600, gt=0, description="Wall-clock limit of one run.")
     hang_s: float = Field(600, gt=0, description="A run printing nothing for this long is hung.")
@@ -65,7 +66,12 @@ class LauncherSpec(BaseModel):
                                                   "local one.")
     program: ProgramSpec | None = Field(None, description="local/ray: what torchrun runs: {kind: megatron-core} "
                                                           "(default) or {kind: megatron-lm, command: [...]}.")
-    env: dict[str, str] = Field(default_factory=dict, description="Environment for the training processes.")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment for the training processes, on top "
+                                "of an allowlist (PATH, CUDA_*, NCCL_*, ...). Values under secret-looking names "
+                                "(KEY, TOKEN, SECRET, PASSWORD) are stored as *** and taken from the worker's own "
+                                "variable of that name at launch.")
+    pass_env: list[str] = Field(default_factory=list, description="Names of the worker's environment variables "
+                                "passed to the training processes (e.g. WANDB_API_KEY); OPTICO_* never passes.")
     run_dir: str | None = Field(None, description="local/ray: where trial run directories go; None = "
                                                   "<data dir>/runs.")
     num_cpus_per_node: float = Field(1, gt=0, description="Ray: CPUs each node's bundle reserves (keep it small: "
@@ -77,6 +83,14 @@ class LauncherSpec(BaseModel):
     max_infra_retries: int = Field(2, ge=0, le=10, description="Ray: re-runs of a trial whose node or actor died.")
     ray_init: dict[str, Any] = Field(default_factory=dict, description="Ray: ray.init() keywords when this "
                                      "process starts the cluster, e.g. {num_gpus: 2} for logical GPUs.")
+
+    @field_validator("pass_env")
+    @classmethod
+    def _not_ours(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if name.startswith("OPTICO_"):
+                raise ValueError(f"{name}: OPTICO_* variables are the service's own and never reach a trial")
+        return names
 
 
 class ReasonerSpec(BaseModel):

@@ -14,6 +14,7 @@ class TrialStatus(str, Enum):
     RUNNING = "running"
     OK = "ok"
     FAILED = "failed"
+    LOST = "lost"  # its worker died twice while running it, or the job was cancelled: the result is unknown
 
 
 class FailureCategory(str, Enum):
@@ -97,6 +98,9 @@ class Trial(BaseModel):
     fingerprint: dict[str, Any] = Field(default_factory=dict)
     log_path: str | None = None
     log_excerpt: str = ""
+    attempts: int = Field(1, description="How many times it was launched (a re-run after its worker died "
+                                         "counts; the pool keeps one result).")
+    wall_seconds: float | None = Field(None, description="Wall-clock seconds of the run that produced the result.")
 
     @property
     def mfu(self) -> float | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from optico.launchers.base import Launcher
 from optico.pool.store import SqlStore
 from optico.report import job_result
 from optico.runner import run_job
@@ -30,7 +31,7 @@ def run_spec(spec, url: str) -> tuple[dict, SqlStore]:
 def test_sim_job_end_to_end(db_url: str):
     spec = load_spec(EXAMPLES / "llama3-8b-a100.yaml")
     result, store = run_spec(spec, db_url)
-    assert result["status"] == "completed" and result["stop_reason"]
+    assert result["status"] == "succeeded" and result["stop_reason"]
     assert 1 <= len(result["trials"]) <= spec.budget.max_trials
     assert result["best"]["mfu"] >= result["baseline"]["mfu"]
     assert result["best"]["megatron_args"][0] == "--tensor-model-parallel-size"
@@ -96,11 +97,12 @@ def _running_trial(db: Path, index: int) -> bool:
 
 @pytest.mark.slow
 def test_sigkill_mid_trial_then_resume(tmp_path: Path, cli_env: dict):
+    cli_env = dict(cli_env, OPTICO_LEASE_S="4", OPTICO_LEASE_RENEW_S="0.5")
     """Kill `optico tune` with SIGKILL during trial 3; --resume finishes with the exact trial count,
     no duplicated configuration and no lost result — the same trials an uninterrupted run makes."""
     spec_text = (EXAMPLES / "llama3-8b-a100.yaml").read_text().replace(
         "budget: {max_trials: 20}", "budget: {max_trials: 6, converge_tol: null}").replace(
-        "launcher: {kind: sim}", "launcher: {kind: sim, delay_s: 1.0, hang_rate: 0.0}")
+        "launcher: {kind: sim}", "launcher: {kind: sim, trial_seconds: 1.0, hang_rate: 0.0}")
     spec = tmp_path / "spec.yaml"
     spec.write_text(spec_text)
     db = tmp_path / "pool.db"
@@ -114,6 +116,12 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, cli_env: dict):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert _running_trial(db, 3), "the kill should leave trial 3 unfinished"
+
+    # The dead process still holds the lease until it expires: a resume is refused until then.
+    refused = subprocess.run(optico_cmd("tune", "--resume", "1"), env=cli_env, capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2 and "job 1 is held by worker" in refused.stderr, refused.stderr
+    time.sleep(float(cli_env["OPTICO_LEASE_S"]) + 0.5)
 
     resumed = subprocess.run(optico_cmd("tune", "--resume", "1", "--json", str(tmp_path / "r.json")), env=cli_env,
                              capture_output=True, text=True, timeout=300)
@@ -159,7 +167,7 @@ def test_cli_tune_json_and_jobs_commands(tmp_path: Path, cli_env: dict):
     assert missing.returncode == 2 and "no job 999" in missing.stderr
 
 
-class CrashingLauncher:
+class CrashingLauncher(Launcher):
     """Wraps a real launcher and dies (like a killed process) when trial `crash_at` starts."""
 
     kind = "sim"
@@ -194,11 +202,13 @@ def test_interrupted_job_resumes_on_both_backends(backend: str, request, tmp_pat
         run_job(store, url, job_id, launcher=CrashingLauncher(inner, crash_at=3))
     trials = store.trials(job_id)
     assert [t.index for t in trials] == [1, 2, 3] and trials[-1].status == TrialStatus.RUNNING
+    job = store.get_job(job_id)
+    assert job.status.value == "interrupted" and job.lease_owner is None  # Ctrl-C releases the job
     run_job(store, url, job_id)  # resume: the interrupted node runs again
     result = job_result(store, job_id)
     assert [t["index"] for t in result["trials"]] == [1, 2, 3, 4, 5]
     assert len({json.dumps(t["strategy"], sort_keys=True) for t in result["trials"]}) == 5
-    assert result["status"] == "completed"
+    assert result["status"] == "succeeded"
     # The checkpointer's tables live beside the pool's, in the same database.
     from sqlalchemy import inspect
 

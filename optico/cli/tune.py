@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from optico.cli.common import DatabaseOption, console, fail, open_store
+from optico.cli.common import DatabaseOption, console, err, fail, open_store
 from optico.spec import JobSpec, ReasonerSpec, SpecError, load_spec
 
 
@@ -141,6 +141,7 @@ def tune(
             fail(str(exc))
         _check_llm(spec)
     # Imported after the spec is checked: a bad spec fails fast, without loading LangGraph.
+    from optico.pool.lifecycle import IllegalTransition, JobStatus, LeaseHeld
     from optico.report import job_result
     from optico.runner import run_job
 
@@ -152,28 +153,44 @@ def tune(
             except KeyError:
                 fail(f"--resume: no job {resume} in {url}")
             _check_llm(job.spec)
-            max_t = job.spec.budget.max_trials
+            max_t = job.max_trials
             job_id = resume
-            console.print(f"resuming job {job_id} ({job.name}), {len(store.trials(job_id))} trials recorded")
+            if job.status is JobStatus.CANCELLED:
+                fail(f"--resume: job {job_id} was cancelled; it cannot be resumed")
+            if job.status is not JobStatus.SUCCEEDED:
+                console.print(f"resuming job {job_id} ({job.name}), {len(store.trials(job_id))} trials recorded")
         else:
-            job_id = store.create_job(spec)
+            job_id = store.create_job(spec, origin="cli")
             max_t = spec.budget.max_trials
             console.print(f"job {job_id}: {spec.name} — {spec.workload.describe()}, launcher {spec.launcher.kind}")
         view = TrialView(max_t, live=console.is_terminal)
-        if view.live:
-            with Live(view.render(), console=console, refresh_per_second=4) as live:
-                def on_event(kind: str, payload: dict[str, Any]) -> None:
-                    view.on_event(kind, payload)
-                    live.update(view.render())
-                run_job(store, url, job_id, on_event=on_event)
-        else:
-            run_job(store, url, job_id, on_event=view.on_event)
+        try:
+            if store.get_job(job_id).status is not JobStatus.SUCCEEDED:
+                if view.live:
+                    with Live(view.render(), console=console, refresh_per_second=4) as live:
+                        def on_event(kind: str, payload: dict[str, Any]) -> None:
+                            view.on_event(kind, payload)
+                            live.update(view.render())
+                        run_job(store, url, job_id, on_event=on_event)
+                else:
+                    run_job(store, url, job_id, on_event=view.on_event)
+        except LeaseHeld as exc:
+            fail(str(exc))
+        except IllegalTransition as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            err.print(f"interrupted: job {job_id} is resumable with `optico tune --resume {job_id}`")
+            raise typer.Exit(130) from None
         result = job_result(store, job_id)
         summary(result)
         if json_path:
             json_path.parent.mkdir(parents=True, exist_ok=True)
             json_path.write_text(json.dumps(result, indent=2) + "\n")
             console.print(f"result written to {json_path}")
+        final = store.get_job(job_id)
+        if final.status is not JobStatus.SUCCEEDED:
+            err.print(f"job {job_id} {final.status.value}: {final.stop_reason or ''}".rstrip(": "), highlight=False)
+            raise typer.Exit(1)
     finally:
         store.close()
 

@@ -17,13 +17,14 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from optico.launchers.base import Launcher, ProgressCallback
 from optico.launchers.proc import ProcessRun
 from optico.launchers.program import MegatronCoreProgram, MegatronLMProgram, PreparedRun, prepare
+from optico.launchers.trial_env import trial_env
 from optico.launchers.results import OutputCollector, RunEnd, driver_result, megatron_lm_result
 from optico.strategy import Strategy
 from optico.trial import LaunchResult
@@ -62,10 +63,10 @@ def package_root() -> str:
     return str(Path(optico.__file__).resolve().parent.parent)
 
 
-def child_env(extra: dict[str, str]) -> dict[str, str]:
-    """This process's environment, the spec's `env` on top, optico importable."""
-    env = dict(os.environ)
-    env.update(extra)
+def child_env(extra: dict[str, str], pass_env: Iterable[str] = ()) -> dict[str, str]:
+    """The allowlisted environment (`trial_env`: never our secrets), the spec's `env` and `pass_env`,
+    optico importable."""
+    env = trial_env(extra, pass_env)
     root = package_root()
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in paths:
@@ -95,10 +96,11 @@ class LocalLauncher(Launcher):
 
     def __init__(self, program: MegatronCoreProgram | MegatronLMProgram | None = None, *, timeout_s: float = 3600,
                  hang_s: float = 600, env: dict[str, str] | None = None, run_dir: str | os.PathLike | None = None,
-                 kill_grace_s: float = KILL_GRACE_S):
+                 kill_grace_s: float = KILL_GRACE_S, pass_env: Iterable[str] = ()):
         self.program = program or MegatronCoreProgram()
         self.timeout_s, self.hang_s, self.kill_grace_s = timeout_s, hang_s, kill_grace_s
         self.env = dict(env or {})
+        self.pass_env = tuple(pass_env)
         self.run_dir = run_dir
 
     def describe(self) -> dict[str, Any]:
@@ -123,7 +125,7 @@ class LocalLauncher(Launcher):
                 progress(line)
 
         token = uuid.uuid4().hex
-        proc = ProcessRun(argv, env=child_env(self.env), cwd=run.cwd, run_dir=directory, token=token, sink=sink)
+        proc = ProcessRun(argv, env=child_env(self.env, self.pass_env), cwd=run.cwd, run_dir=directory, token=token, sink=sink)
         fingerprint = {"launcher": self.kind, "host": socket.gethostname(), "run_dir": str(directory),
                        "program": run.kind, "nproc_per_node": run.nproc_per_node, "python": sys.version.split()[0]}
         t0 = time.monotonic()

@@ -84,13 +84,13 @@ class NodeAgent:
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     async def start(self, run: PreparedRun, *, trial_key: str, runs_root: str | None, env: dict[str, str],
-                    master_addr: str, master_port: int, token: str) -> dict[str, Any]:
+                    master_addr: str, master_port: int, token: str, pass_env: tuple[str, ...] = ()) -> dict[str, Any]:
         directory = trial_dir(runs_root, f"{trial_key}-node{self.node_rank}")
         write_files(run, directory)
         argv = run.command(str(directory), node_rank=self.node_rank, master_addr=master_addr,
                            master_port=master_port, trial_key=trial_key, python=sys.executable)
         (directory / "command.txt").write_text(shlex.join(argv) + "\n")
-        self.run = ProcessRun(argv, env=child_env(env), cwd=run.cwd, run_dir=directory, token=token,
+        self.run = ProcessRun(argv, env=child_env(env, pass_env), cwd=run.cwd, run_dir=directory, token=token,
                               sink=lambda _stream, line: self.lines.append(line))
         await self.run.start()
         self._waiter = asyncio.create_task(self._wait())
@@ -125,10 +125,11 @@ class RayLauncher(Launcher):
                  run_dir: str | os.PathLike | None = None, num_cpus_per_node: float = 1,
                  runtime_env: dict[str, Any] | None = None, placement_timeout_s: float = 120,
                  max_infra_retries: int = 2, ray_init: dict[str, Any] | None = None,
-                 kill_grace_s: float = KILL_GRACE_S, retry_wait_s: float = 2.0):
+                 kill_grace_s: float = KILL_GRACE_S, retry_wait_s: float = 2.0, pass_env: tuple[str, ...] = ()):
         self.program = program or MegatronCoreProgram()
         self.address, self.timeout_s, self.hang_s = address, timeout_s, hang_s
         self.env = dict(env or {})
+        self.pass_env = tuple(pass_env)
         self.run_dir = None if run_dir is None else str(run_dir)
         self.num_cpus_per_node, self.runtime_env = num_cpus_per_node, dict(runtime_env or {})
         self.placement_timeout_s, self.max_infra_retries = placement_timeout_s, max_infra_retries
@@ -230,7 +231,7 @@ class RayLauncher(Launcher):
             master_addr, master_port = where[0]["ip"], where[0]["port"]
             token = uuid.uuid4().hex
             started = await self._call(
-                [a.start.remote(run, trial_key=trial_key, runs_root=self.run_dir, env=self.env,
+                [a.start.remote(run, trial_key=trial_key, runs_root=self.run_dir, env=self.env, pass_env=self.pass_env,
                                 master_addr=master_addr, master_port=master_port, token=token) for a in agents],
                 CALL_TIMEOUT_S, "starting torchrun")
             (directory / "command.txt").write_text("".join(

@@ -51,9 +51,9 @@ class SimLauncher(Launcher):
     kind = "sim"
 
     def __init__(self, seed: int = 0, noise: float = 0.01, hang_rate: float = 0.02, infra_rate: float = 0.0,
-                 constants: Constants | None = None, mem_noise: float = 0.015, delay_s: float = 0.0):
+                 constants: Constants | None = None, mem_noise: float = 0.015, trial_seconds: float = 0.0):
         self.seed, self.noise, self.hang_rate, self.infra_rate = seed, noise, hang_rate, infra_rate
-        self.mem_noise, self.delay_s = mem_noise, delay_s
+        self.mem_noise, self.trial_seconds = mem_noise, trial_seconds
         self.constants = constants or load_constants()
 
     def describe(self) -> dict:
@@ -63,8 +63,8 @@ class SimLauncher(Launcher):
     async def launch(self, workload: Workload, strategy: Strategy, *, trial_key: str,
                      progress: ProgressCallback | None = None) -> LaunchResult:
         world = workload.world_size
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        if self.trial_seconds:
+            await asyncio.sleep(self.trial_seconds)
         fingerprint = {"launcher": "sim", "seed": self.seed, "megatron_core": workload.framework.megatron_core}
         broken = violations(workload, strategy)
         if broken:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, func
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Deterministic constraint names: SQLite migrations rebuild tables ("batch" mode) and
@@ -66,6 +66,21 @@ class JobRow(Base):
         DateTime(timezone=True), server_default=_utcnow(), onupdate=_utcnow())
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     stop_reason: Mapped[str | None] = mapped_column(Text)
+    # 'queue' (submitted for the workers) or 'cli' (run by `optico tune`, resumed only on request).
+    origin: Mapped[str] = mapped_column(String(16), default="queue", server_default="queue")
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The lease: who runs the job and until when (database clock). Renewed by the worker's
+    # heartbeat for the whole run; an expired lease lets another worker take the job over.
+    lease_owner: Mapped[str | None] = mapped_column(String(255))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
+    takeovers: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The live budget, changeable while the job runs (PATCH); starts as the spec's.
+    max_trials: Mapped[int] = mapped_column(Integer)
+    gpu_hours: Mapped[float | None] = mapped_column(Float)
+    # The same Idempotency-Key returns the same job; spec_hash tells a reused key with another body.
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    spec_hash: Mapped[str] = mapped_column(String(64), default="", server_default="")
     # No foreign key to optico_trials: jobs and trials would reference each other, and a
     # cycle needs ALTER TABLE ADD CONSTRAINT, which SQLite lacks. The store checks that
     # the trial belongs to the job instead.
@@ -95,6 +110,8 @@ class TrialRow(Base):
     log_excerpt: Mapped[str] = mapped_column(Text, default="")
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    attempts: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    wall_seconds: Mapped[float | None] = mapped_column(Float)
 
 
 class MessageRow(Base):
@@ -115,19 +132,43 @@ class MessageRow(Base):
     content: Mapped[dict[str, Any]] = mapped_column(JSON)
     text: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
+    # LLM accounting copied out of `content` of llm_call/llm_reask messages, so /metrics can sum it in SQL.
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
 
 
 class EventRow(Base):
-    """An append-only audit trail; the dashboard tails it with `after_id`."""
+    """A job's append-only event log; readers tail it with `after=seq`.
+
+    `seq` is 1, 2, 3... per job, allocated under the job's row lock, so it grows in commit
+    order even with several writers (the worker and an API request): a reader that saw seq N
+    never misses a later-committed N-1."""
 
     __tablename__ = "optico_events"
-    __table_args__ = (Index("ix_optico_events_job_id_id", "job_id", "id"),)
+    __table_args__ = (UniqueConstraint("job_id", "seq"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[int] = mapped_column(Integer, ForeignKey("optico_jobs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(64))
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
+
+
+class TokenRow(Base):
+    """An API token: only its SHA-256 is kept (tokens are long random strings, so a fast hash is enough)."""
+
+    __tablename__ = "optico_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    scope: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 OUR_TABLES: frozenset[str] = frozenset(Base.metadata.tables)

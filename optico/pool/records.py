@@ -7,12 +7,15 @@ caller holds can drift from the database without a store call.
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from optico.events import JobEvent
+from optico.pool.lifecycle import JobStatus
 from optico.spec import JobSpec
+
+__all__ = ["AgentMessage", "JobRecord", "JobStatus", "StoredEvent", "TokenRecord", "as_utc"]
 
 
 def as_utc(value: datetime) -> datetime:
@@ -20,23 +23,11 @@ def as_utc(value: datetime) -> datetime:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
-class JobStatus(str, Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    INTERRUPTED = "interrupted"  # its worker died; resumable from the checkpoint
-
-    @property
-    def finished(self) -> bool:
-        return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
-
-
 class _Record(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    @field_validator("created_at", "updated_at", "heartbeat_at", mode="after", check_fields=False)
+    @field_validator("created_at", "updated_at", "heartbeat_at", "lease_expires_at", "started_at", "finished_at",
+                     "last_used_at", "revoked_at", mode="after", check_fields=False)
     @classmethod
     def _utc(cls, value: datetime | None) -> datetime | None:
         return as_utc(value) if value is not None else None
@@ -50,11 +41,24 @@ class JobRecord(_Record):
     status: JobStatus
     workload_key: str
     spec: JobSpec
+    origin: str = Field("queue", description="'queue': submitted for the workers; 'cli': run by `optico tune` "
+                                             "(workers do not pick it up unless it is resumed through the API).")
     created_at: datetime
     updated_at: datetime
-    heartbeat_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    heartbeat_at: datetime | None = Field(None, description="Last lease renewal by its worker.")
+    lease_owner: str | None = Field(None, description="The worker holding the job, if any.")
+    lease_expires_at: datetime | None = None
     stop_reason: str | None = None
     best_trial_id: int | None = None
+    max_trials: int = Field(description="The live trial budget (the spec's, unless changed while it runs).")
+    gpu_hours: float | None = Field(None, description="The live GPU-hour budget.")
+    takeovers: int = Field(0, description="How often another worker took the job over from a dead one.")
+
+    def lease_live(self, now: datetime) -> bool:
+        """A worker holds the job and its lease has not expired at `now` (the database clock)."""
+        return self.lease_owner is not None and self.lease_expires_at is not None and self.lease_expires_at > now
 
 
 class AgentMessage(_Record):
@@ -70,11 +74,30 @@ class AgentMessage(_Record):
     created_at: datetime
 
 
-class Event(_Record):
-    """One entry of a job's audit trail (tool calls, model responses, state changes)."""
+class StoredEvent(_Record):
+    """One entry of a job's event log: `seq` grows by one per job, in commit order."""
+
+    job_id: int
+    seq: int
+    created_at: datetime
+    event: JobEvent
+
+    @property
+    def kind(self) -> str:
+        return self.event.kind
+
+
+class TokenRecord(_Record):
+    """An API token as stored: never the token itself, only its hash (kept out of this object)."""
 
     id: int
-    job_id: int
-    kind: str
-    payload: dict[str, Any]
+    name: str
+    scope: str = Field(description="'read' or 'write' (write includes read).")
+    prefix: str = Field(description="The token's first characters, to tell tokens apart in listings.")
     created_at: datetime
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+    @property
+    def can_write(self) -> bool:
+        return self.scope == "write"

@@ -1,32 +1,52 @@
-"""The global message pool: jobs, their trials, the agents' messages and an audit trail.
+"""The pool in a SQL database (SQLite or PostgreSQL) through SQLAlchemy; the contract is `Store`.
 
-`Store` is the contract every backend keeps; `SqlStore` keeps it on SQLite or
-PostgreSQL through SQLAlchemy. Callers get frozen pydantic objects, never ORM rows.
+Callers get frozen pydantic objects, never ORM rows, and nothing read back is ever turned into
+anything but plain data validated by those models.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from abc import ABC, abstractmethod
+import secrets as _secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
-from types import TracebackType
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import Engine, Table, func, select, update
+from sqlalchemy import Engine, Table, case, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from optico import faults, redact
+from optico.events import BudgetChanged, JobEvent, JobStateChanged, LeaseChanged, parse_event
 from optico.pool import schema
+from optico.pool.contract import IdempotencyConflict, Store, StoreError
 from optico.pool.db import default_database_url, make_engine
-from optico.pool.models import Base, EventRow, JobRow, MessageRow, TrialRow, WorkloadRow
-from optico.pool.records import AgentMessage, Event, JobRecord, JobStatus, as_utc
+from optico.pool.lifecycle import (
+    WORKER_ONLY,
+    IllegalTransition,
+    JobStatus,
+    LeaseHeld,
+    LeaseLost,
+    LifecycleError,
+    check_transition,
+)
+from optico.pool.models import Base, EventRow, JobRow, MessageRow, TokenRow, TrialRow, WorkloadRow
+from optico.pool.records import AgentMessage, JobRecord, StoredEvent, TokenRecord, as_utc
 from optico.spec import JobSpec
 from optico.strategy import Strategy
-from optico.trial import Failure, Metrics, Trial, TrialStatus
+from optico.trial import Failure, FailureCategory, Metrics, Trial, TrialStatus
+
+__all__ = ["IdempotencyConflict", "SqlStore", "Store", "StoreError", "open_store"]
 
 FINISHED_TRIAL_STATUSES = (TrialStatus.OK.value, TrialStatus.FAILED.value)
+TOKEN_SCOPES = ("read", "write")
+# Wall-time histogram buckets of finished trials (seconds), for /metrics.
+DURATION_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0)
+# A token's last use is written at most this often: a write per request would serialise readers on SQLite.
+TOKEN_TOUCH_S = 60.0
 
 # The Core tables, for the upserts (ON CONFLICT is a Core construct).
 _WORKLOADS: Table = Base.metadata.tables[WorkloadRow.__tablename__]
@@ -34,157 +54,37 @@ _TRIALS: Table = Base.metadata.tables[TrialRow.__tablename__]
 _MESSAGES: Table = Base.metadata.tables[MessageRow.__tablename__]
 
 
-class StoreError(RuntimeError):
-    """The database itself failed (lost connection, lock timeout, a broken constraint).
-
-    The transaction was rolled back; the driver's exception is chained as __cause__."""
-
-
-class Store(ABC):
-    """The global message pool: the one place a job's history lives.
-
-    Thread safety: one Store may be shared by any number of threads. Every method is
-    one transaction of its own: it commits before returning, or rolls back and raises.
-    Several processes may open stores on the same database at once.
-
-    Ownership: a job belongs to the one worker running it. Only that worker writes the
-    job's trials and messages; anyone (the dashboard, the REST API, a warm-starting job)
-    may read at any time. Writes are safe to repeat, because a worker resumed after a
-    crash re-runs the graph node that was interrupted:
-    - `start_trial` is keyed by (job, index): a second call returns the existing trial,
-      whatever its status, so a trial is never launched twice under two ids;
-    - `finish_trial` with the same values is a no-op, with other values it overwrites;
-    - `add_message` replaces the message of the same (job, iteration, agent, kind).
-    `add_event` is the exception: events are an append-only log.
-
-    Errors: an unknown job or trial id raises KeyError; an argument that contradicts
-    what is stored (a finishing status of RUNNING, a failure on a successful trial, a
-    best trial of another job) raises ValueError; a database failure raises StoreError.
-    Nothing is written when a method raises.
-    """
-
-    # -- jobs ----------------------------------------------------------------------------
-    @abstractmethod
-    def create_job(self, spec: JobSpec) -> int:
-        """Stores a new job (status QUEUED) and its workload if unseen; returns its id."""
-
-    @abstractmethod
-    def get_job(self, job_id: int) -> JobRecord:
-        """The job; KeyError if unknown."""
-
-    @abstractmethod
-    def list_jobs(self, limit: int = 50) -> list[JobRecord]:
-        """The `limit` most recently created jobs, newest first."""
-
-    @abstractmethod
-    def set_job_status(self, job_id: int, status: JobStatus, *, stop_reason: str | None = None,
-                       best_trial_id: int | None = None) -> None:
-        """Sets the status; `stop_reason` and `best_trial_id` are changed only when given.
-
-        KeyError if the job or the trial is unknown; ValueError if the trial belongs to
-        another job."""
-
-    @abstractmethod
-    def heartbeat(self, job_id: int) -> None:
-        """Records that the job's worker is alive, by the database clock; KeyError if unknown."""
-
-    @abstractmethod
-    def stale_jobs(self, max_age_s: float) -> list[JobRecord]:
-        """RUNNING jobs whose last heartbeat (or status change, if none) is more than
-        `max_age_s` old by the database clock: their worker is presumed dead. Oldest first."""
-
-    # -- trials ----------------------------------------------------------------------------
-    @abstractmethod
-    def start_trial(self, job_id: int, index: int, strategy: Strategy, rationale: str = "") -> Trial:
-        """Claims trial `index` (1-based) of the job, status RUNNING, and returns it.
-
-        Idempotent: if the job already has a trial with this index, that trial is returned
-        unchanged whatever its status or strategy (compare `signature` if it matters).
-        KeyError if the job is unknown."""
-
-    @abstractmethod
-    def finish_trial(self, trial_id: int, *, status: TrialStatus, metrics: Metrics | None = None,
-                     failure: Failure | None = None, gpu_seconds: float = 0.0,
-                     fingerprint: dict[str, Any] | None = None, log_path: str | None = None,
-                     log_excerpt: str = "") -> Trial:
-        """Records the outcome (status OK or FAILED) and returns the updated trial.
-
-        Every field is set to the given value (None clears it). Repeating the call with the
-        same values changes nothing, not even the finish time. KeyError if the trial is
-        unknown; ValueError if `status` is RUNNING."""
-
-    @abstractmethod
-    def set_trial_failure(self, trial_id: int, failure: Failure) -> Trial:
-        """Attaches the failure analysis, which arrives after the run; returns the trial.
-
-        KeyError if unknown; ValueError if the trial succeeded."""
-
-    @abstractmethod
-    def get_trial(self, trial_id: int) -> Trial:
-        """The trial; KeyError if unknown."""
-
-    @abstractmethod
-    def trials(self, job_id: int) -> list[Trial]:
-        """The job's trials in index order; KeyError if the job is unknown."""
-
-    @abstractmethod
-    def workload_trials(self, workload_key: str, exclude_job: int | None = None) -> list[Trial]:
-        """Finished (OK or FAILED) trials of every job on the workload with this key,
-        except `exclude_job`'s, ordered by job then index: what a new job warm-starts
-        from. An unknown key gives an empty list."""
-
-    # -- the message pool and the audit trail -------------------------------------------------
-    @abstractmethod
-    def add_message(self, job_id: int, iteration: int, agent: str, kind: str, content: dict[str, Any],
-                    text: str = "") -> int:
-        """Stores an agent's message and returns its id. A message with the same
-        (job, iteration, agent, kind) is replaced and keeps its id. KeyError if the job
-        is unknown."""
-
-    @abstractmethod
-    def messages(self, job_id: int, iteration: int | None = None) -> list[AgentMessage]:
-        """The job's messages (of one iteration if given), ordered by iteration then id.
-        KeyError if the job is unknown."""
-
-    @abstractmethod
-    def add_event(self, job_id: int, kind: str, payload: dict[str, Any]) -> int:
-        """Appends an event to the job's audit trail and returns its id. Ids grow with
-        time; with one writer per job (its worker) they also grow in commit order, which
-        is what lets `events(after_id=...)` tail without gaps. KeyError if the job is unknown."""
-
-    @abstractmethod
-    def events(self, job_id: int, after_id: int = 0) -> list[Event]:
-        """The job's events with id > `after_id`, oldest first (tail with the last id
-        seen). KeyError if the job is unknown."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Releases connections. Calling it twice is harmless."""
-
-    # -- conveniences built on the primitives above ---------------------------------------------
-    def best_trial(self, job_id: int) -> Trial | None:
-        """The job's successful trial with the highest MFU (the earliest on a tie)."""
-        ok = [t for t in self.trials(job_id) if t.status is TrialStatus.OK and t.metrics is not None]
-        return max(ok, key=lambda t: (t.mfu or 0.0, -t.index)) if ok else None
-
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
-
-def _jsonable(value: dict[str, Any], field: str) -> dict[str, Any]:
-    """`value` as the database will give it back, or ValueError naming the field.
+def _jsonable(value: Any, field: str) -> Any:
+    """`value`, redacted, as the database will give it back, or ValueError naming the field.
 
     Checked here because the backends fail differently (SQLite's driver raises
     StatementError, psycopg a bare TypeError at execute time), and NaN/Infinity, which
     Python's json writes but PostgreSQL's json type rejects, must not reach either."""
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        plain = json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{field} must be JSON-serialisable (finite numbers, str keys): {exc}") from exc
+    return redact.scrub(plain)
+
+
+def spec_for_storage(spec: JobSpec) -> dict[str, Any]:
+    """The spec as stored: secret-named `launcher.env` values masked (and remembered for redaction),
+    every other string redacted."""
+    data = spec.model_dump(mode="json")
+    env = data.get("launcher", {}).get("env") or {}
+    for name, value in env.items():
+        if redact.is_secret_name(name) and value != redact.MASK:
+            redact.register(value)
+            env[name] = redact.MASK
+    return _jsonable(data, "spec")
+
+
+def _spec_hash(stored: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(stored, sort_keys=True).encode()).hexdigest()
+
+
+def _token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 # -- rows -> frozen objects --------------------------------------------------------------------
@@ -197,15 +97,18 @@ def _trial(row: TrialRow) -> Trial:
         metrics=Metrics.model_validate(row.metrics) if row.metrics is not None else None,
         failure=Failure.model_validate(row.failure) if row.failure is not None else None,
         rationale=row.rationale, gpu_seconds=row.gpu_seconds, fingerprint=row.fingerprint or {},
-        log_path=row.log_path, log_excerpt=row.log_excerpt,
+        log_path=row.log_path, log_excerpt=row.log_excerpt, attempts=row.attempts, wall_seconds=row.wall_seconds,
     )
 
 
 def _job(row: JobRow) -> JobRecord:
     return JobRecord(
         id=row.id, name=row.name, status=JobStatus(row.status), workload_key=row.workload_key,
-        spec=JobSpec.model_validate(row.spec), created_at=row.created_at, updated_at=row.updated_at,
-        heartbeat_at=row.heartbeat_at, stop_reason=row.stop_reason, best_trial_id=row.best_trial_id,
+        spec=JobSpec.model_validate(row.spec), origin=row.origin, created_at=row.created_at,
+        updated_at=row.updated_at, started_at=row.started_at, finished_at=row.finished_at,
+        heartbeat_at=row.heartbeat_at, lease_owner=row.lease_owner, lease_expires_at=row.lease_expires_at,
+        stop_reason=row.stop_reason, best_trial_id=row.best_trial_id, max_trials=row.max_trials,
+        gpu_hours=row.gpu_hours, takeovers=row.takeovers,
     )
 
 
@@ -214,18 +117,17 @@ def _message(row: MessageRow) -> AgentMessage:
                         content=row.content, text=row.text, created_at=row.created_at)
 
 
-def _event(row: EventRow) -> Event:
-    return Event(id=row.id, job_id=row.job_id, kind=row.kind, payload=row.payload, created_at=row.created_at)
+def _event(row: EventRow) -> StoredEvent:
+    return StoredEvent(job_id=row.job_id, seq=row.seq, created_at=row.created_at,
+                       event=parse_event({**row.payload, "kind": row.kind}))
+
+
+def _token(row: TokenRow) -> TokenRecord:
+    return TokenRecord(id=row.id, name=row.name, scope=row.scope, prefix=row.prefix, created_at=row.created_at,
+                       last_used_at=row.last_used_at, revoked_at=row.revoked_at)
 
 
 # -- the query vocabulary ------------------------------------------------------------------------
-
-def _job_or_raise(session: Session, job_id: int) -> JobRow:
-    row = session.get(JobRow, job_id)
-    if row is None:
-        raise KeyError(f"no job with id {job_id}")
-    return row
-
 
 def _trial_or_raise(session: Session, trial_id: int) -> TrialRow:
     row = session.get(TrialRow, trial_id)
@@ -235,11 +137,11 @@ def _trial_or_raise(session: Session, trial_id: int) -> TrialRow:
 
 
 class SqlStore(Store):
-    """The pool in a SQL database (SQLite or PostgreSQL); see `Store` for the contract.
+    """The pool in SQLite or PostgreSQL; see `Store` for the contract.
 
-    `url` defaults to `default_database_url()`. With `upgrade=True` the schema is
-    migrated to this optico's head on open; with `upgrade=False` an outdated schema
-    raises `schema.SchemaError` naming the command that fixes it."""
+    `url` defaults to `default_database_url()`. With `upgrade=True` the schema is migrated to
+    this optico's head on open; with `upgrade=False` an outdated schema raises
+    `schema.SchemaError` naming the command that fixes it."""
 
     def __init__(self, url: str | None = None, *, upgrade: bool = True):
         self.url = url or default_database_url()
@@ -252,10 +154,10 @@ class SqlStore(Store):
         except BaseException:
             self._engine.dispose()
             raise
-        # expire_on_commit=False: the rows are turned into frozen objects inside the
-        # transaction anyway; expiring them would only cost reloads.
+        # expire_on_commit=False: rows become frozen objects inside the transaction anyway.
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         self._closed = False
+        self._postgres = self._engine.dialect.name == "postgresql"
 
     @property
     def engine(self) -> Engine:
@@ -264,8 +166,8 @@ class SqlStore(Store):
 
     @contextmanager
     def _session(self) -> Iterator[Session]:
-        """The one transaction helper: commit at the end, roll back and re-raise on any
-        error (database errors as StoreError), always close."""
+        """The one transaction helper: commit at the end, roll back and re-raise on any error
+        (database errors as StoreError), always close."""
         if self._closed:
             raise StoreError("the store is closed")
         session = self._sessions()
@@ -274,7 +176,7 @@ class SqlStore(Store):
             session.commit()
         except SQLAlchemyError as exc:
             session.rollback()
-            raise StoreError(f"pool database error: {exc}") from exc
+            raise StoreError(redact.redact(f"pool database error: {exc}")) from exc
         except BaseException:
             session.rollback()
             raise
@@ -283,90 +185,271 @@ class SqlStore(Store):
 
     def _insert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
         """INSERT with the backend's ON CONFLICT clause available (both spell it alike)."""
-        if self._engine.dialect.name == "postgresql":
-            return postgresql.insert(table)
-        return sqlite.insert(table)
+        return postgresql.insert(table) if self._postgres else sqlite.insert(table)
+
+    def _now(self, s: Session) -> datetime:
+        """The database clock, UTC-aware, with sub-second precision on both backends."""
+        if self._postgres:
+            return as_utc(s.execute(select(func.clock_timestamp())).scalar_one())
+        text = s.execute(select(func.strftime("%Y-%m-%d %H:%M:%f", "now"))).scalar_one()
+        return datetime.fromisoformat(text).replace(tzinfo=timezone.utc)
+
+    def _stamp(self, value: datetime) -> datetime:
+        """A timestamp as this backend stores it (SQLite: naive UTC, so strings compare in order)."""
+        return value if self._postgres else value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def _lock_job(self, s: Session, job_id: int) -> JobRow:
+        """The job's row, locked for this transaction (PostgreSQL row lock; SQLite's BEGIN IMMEDIATE
+        already holds the one write lock). KeyError if unknown."""
+        row = s.scalars(select(JobRow).where(JobRow.id == job_id).with_for_update()).one_or_none()
+        if row is None:
+            raise KeyError(f"no job with id {job_id}")
+        return row
+
+    def _job_row(self, s: Session, job_id: int) -> JobRow:
+        row = s.get(JobRow, job_id)
+        if row is None:
+            raise KeyError(f"no job with id {job_id}")
+        return row
+
+    def _fence(self, s: Session, job_id: int, worker: str | None) -> JobRow:
+        """The job row, locked; LeaseLost unless `worker` (when given) holds the lease."""
+        row = self._lock_job(s, job_id)
+        if worker is not None and row.lease_owner != worker:
+            raise LeaseLost(job_id, worker, row.lease_owner)
+        return row
+
+    def _append_event(self, s: Session, job_id: int, event: JobEvent) -> int:
+        """Adds `event` inside the caller's transaction, the job row already locked."""
+        last = s.execute(select(func.max(EventRow.seq)).where(EventRow.job_id == job_id)).scalar_one()
+        seq = int(last or 0) + 1
+        payload = _jsonable(event.model_dump(mode="json", exclude={"kind"}), "event")
+        s.add(EventRow(job_id=job_id, seq=seq, kind=event.kind, payload=payload))
+        s.flush()
+        return seq
 
     # -- jobs ----------------------------------------------------------------------------
-    def create_job(self, spec: JobSpec) -> int:
+    def create_job(self, spec: JobSpec, *, origin: str = "queue", idempotency_key: str | None = None) -> int:
+        if origin not in ("queue", "cli"):
+            raise ValueError(f"origin must be 'queue' or 'cli', got {origin!r}")
+        stored = spec_for_storage(spec)
+        digest = _spec_hash(stored)
         key = spec.workload.key()
+        try:
+            with self._session() as s:
+                if idempotency_key is not None:
+                    existing = s.scalars(select(JobRow).where(JobRow.idempotency_key == idempotency_key)).first()
+                    if existing is not None:
+                        return self._same_spec(existing, digest, idempotency_key)
+                # DO NOTHING rather than check-then-insert: two jobs on a new workload may come at once.
+                s.execute(self._insert(_WORKLOADS)
+                          .values(key=key, description=redact.redact(spec.workload.describe()),
+                                  workload=_jsonable(spec.workload.model_dump(mode="json"), "workload"))
+                          .on_conflict_do_nothing(index_elements=["key"]))
+                row = JobRow(name=redact.redact(spec.name), status=JobStatus.QUEUED.value, workload_key=key,
+                             spec=stored, origin=origin, max_trials=spec.budget.max_trials,
+                             gpu_hours=spec.budget.gpu_hours, idempotency_key=idempotency_key, spec_hash=digest)
+                s.add(row)
+                s.flush()
+                self._append_event(s, row.id, JobStateChanged(status=JobStatus.QUEUED.value, reason="created"))
+                return row.id
+        except StoreError as exc:
+            # Two requests with one new key raced: the loser reads the winner's job.
+            if idempotency_key is None or not isinstance(exc.__cause__, IntegrityError):
+                raise
+            with self._session() as s:
+                existing = s.scalars(select(JobRow).where(JobRow.idempotency_key == idempotency_key)).one()
+                return self._same_spec(existing, digest, idempotency_key)
+
+    @staticmethod
+    def _same_spec(row: JobRow, digest: str, key: str) -> int:
+        if row.spec_hash != digest:
+            raise IdempotencyConflict(f"Idempotency-Key {key!r} was used for job {row.id} with a different spec")
+        return row.id
+
+    def job_id_for_key(self, idempotency_key: str) -> int | None:
         with self._session() as s:
-            # DO NOTHING rather than check-then-insert: two jobs on a new workload may
-            # be created at the same moment.
-            s.execute(self._insert(_WORKLOADS)
-                      .values(key=key, description=spec.workload.describe(),
-                              workload=spec.workload.model_dump(mode="json"))
-                      .on_conflict_do_nothing(index_elements=["key"]))
-            row = JobRow(name=spec.name, status=JobStatus.QUEUED.value, workload_key=key,
-                         spec=spec.model_dump(mode="json"))
-            s.add(row)
-            s.flush()
-            return row.id
+            return s.scalars(select(JobRow.id).where(JobRow.idempotency_key == idempotency_key)).first()
 
     def get_job(self, job_id: int) -> JobRecord:
         with self._session() as s:
-            return _job(_job_or_raise(s, job_id))
+            return _job(self._job_row(s, job_id))
 
-    def list_jobs(self, limit: int = 50) -> list[JobRecord]:
+    def list_jobs(self, limit: int = 50, *, status: JobStatus | None = None, workload_key: str | None = None,
+                  name: str | None = None, before_id: int | None = None) -> list[JobRecord]:
+        query = select(JobRow).order_by(JobRow.id.desc()).limit(max(0, int(limit)))
+        if status is not None:
+            query = query.where(JobRow.status == JobStatus(status).value)
+        if workload_key is not None:
+            query = query.where(JobRow.workload_key == workload_key)
+        if name:
+            query = query.where(JobRow.name.contains(name, autoescape=True))
+        if before_id is not None:
+            query = query.where(JobRow.id < before_id)
         with self._session() as s:
-            rows = s.scalars(select(JobRow).order_by(JobRow.id.desc()).limit(limit))
-            return [_job(r) for r in rows]
+            return [_job(r) for r in s.scalars(query)]
 
-    def set_job_status(self, job_id: int, status: JobStatus, *, stop_reason: str | None = None,
-                       best_trial_id: int | None = None) -> None:
-        status = JobStatus(status)
+    def db_now(self) -> datetime:
         with self._session() as s:
-            row = _job_or_raise(s, job_id)
-            if best_trial_id is not None:
-                trial = _trial_or_raise(s, best_trial_id)
-                if trial.job_id != job_id:
-                    raise ValueError(f"best_trial_id {best_trial_id} is a trial of job {trial.job_id}, "
-                                     f"not of job {job_id}")
-                row.best_trial_id = best_trial_id
-            row.status = status.value
-            if stop_reason is not None:
-                row.stop_reason = stop_reason
+            return self._now(s)
 
-    def heartbeat(self, job_id: int) -> None:
+    # -- the lifecycle ---------------------------------------------------------------------
+    def transition(self, job_id: int, to: JobStatus, *, reason: str | None = None,
+                   worker: str | None = None) -> JobRecord:
+        to = JobStatus(to)
         with self._session() as s:
-            # updated_at stays: it means "status last changed", and a beat is not a change.
-            result = s.execute(update(JobRow).where(JobRow.id == job_id)
-                               .values(heartbeat_at=func.now(), updated_at=JobRow.updated_at))
-            if result.rowcount == 0:  # type: ignore[attr-defined]
-                raise KeyError(f"no job with id {job_id}")
+            row = self._lock_job(s, job_id)
+            current = JobStatus(row.status)
+            if to in WORKER_ONLY and worker is None:
+                raise ValueError(f"only the worker holding job {job_id} may make it {to.value}")
+            if worker is not None and row.lease_owner != worker:
+                raise LeaseLost(job_id, worker, row.lease_owner)
+            check_transition(job_id, current, to)
+            now = self._now(s)
+            lease_live = row.lease_owner is not None and row.lease_expires_at is not None \
+                and as_utc(row.lease_expires_at) > now
+            row.status = to.value
+            if to.final:
+                row.finished_at = self._stamp(now)
+                # A cancel of a job whose worker is alive keeps the lease: that worker kills the running
+                # trial, records it lost and releases the lease itself.
+                if not (to is JobStatus.CANCELLED and current.active and lease_live and worker is None):
+                    row.lease_owner, row.lease_expires_at = None, None
+            if reason is not None and (to.final or to is JobStatus.STOPPING):
+                row.stop_reason = redact.redact(reason)
+            if to is JobStatus.QUEUED:
+                row.stop_reason, row.finished_at = None, None
+            self._append_event(s, job_id, JobStateChanged(status=to.value, previous=current.value,
+                                                          reason=redact.redact(reason) if reason else None,
+                                                          worker=worker))
+            s.flush()
+            return _job(row)
 
-    def stale_jobs(self, max_age_s: float) -> list[JobRecord]:
+    def claim_job(self, worker: str, lease_s: float, *, job_id: int | None = None) -> JobRecord | None:
         with self._session() as s:
-            # Compare against the database's clock, never this machine's: workers on
-            # other hosts beat with the same clock we judge them by.
-            now = as_utc(s.execute(select(func.now())).scalar_one())
-            rows = s.scalars(select(JobRow).where(JobRow.status == JobStatus.RUNNING.value))
-            stale = [_job(row) for row in rows
-                     if (now - as_utc(row.heartbeat_at or row.updated_at)).total_seconds() > max_age_s]
-            return sorted(stale, key=lambda j: (j.heartbeat_at or j.updated_at, j.id))
+            now = self._now(s)
+            if job_id is not None:
+                row = self._lock_job(s, job_id)
+                status = JobStatus(row.status)
+                if status.finished:
+                    raise IllegalTransition(job_id, status, JobStatus.RUNNING)
+                expires = as_utc(row.lease_expires_at) if row.lease_expires_at is not None else None
+                if row.lease_owner not in (None, worker) and expires is not None and expires > now:
+                    raise LeaseHeld(job_id, row.lease_owner, expires)
+            else:
+                expired = (JobRow.status.in_([JobStatus.RUNNING.value, JobStatus.STOPPING.value])
+                           & (or_(JobRow.lease_expires_at.is_(None), JobRow.lease_expires_at < self._stamp(now))))
+                claimable = (JobRow.origin == "queue") & or_(
+                    JobRow.status.in_([JobStatus.QUEUED.value, JobStatus.INTERRUPTED.value]), expired)
+                query = select(JobRow).where(claimable).order_by(JobRow.id).limit(1)
+                if self._postgres:
+                    # Each claimer skips rows another claimer has locked: no two get the same job.
+                    query = query.with_for_update(skip_locked=True)
+                row = s.scalars(query).first()
+                if row is None:
+                    return None
+            return _job(self._take(s, row, worker, lease_s, now))
+
+    def _take(self, s: Session, row: JobRow, worker: str, lease_s: float, now: datetime) -> JobRow:
+        previous_owner, status = row.lease_owner, JobStatus(row.status)
+        takeover = status.active and previous_owner not in (None, worker)
+        expires = now + timedelta(seconds=lease_s)
+        row.lease_owner, row.lease_expires_at, row.heartbeat_at = worker, self._stamp(expires), self._stamp(now)
+        if not status.active:
+            check_transition(row.id, status, JobStatus.RUNNING)
+            row.status = JobStatus.RUNNING.value
+            row.stop_reason = None
+            row.finished_at = None
+            if row.started_at is None:
+                row.started_at = self._stamp(now)
+            self._append_event(s, row.id, JobStateChanged(status=JobStatus.RUNNING.value, previous=status.value,
+                                                          reason="claimed", worker=worker))
+        if takeover:
+            row.takeovers = (row.takeovers or 0) + 1
+        action = "taken_over" if takeover else "acquired"
+        self._append_event(s, row.id, LeaseChanged(action=action, worker=worker, previous_worker=previous_owner,
+                                                   expires_at=expires))
+        s.flush()
+        return row
+
+    def renew_lease(self, job_id: int, worker: str, lease_s: float) -> JobRecord:
+        with self._session() as s:
+            row = self._fence(s, job_id, worker)
+            now = self._now(s)
+            # A Core UPDATE so that updated_at stays: it means "last changed", and a renewal is not a change.
+            s.execute(update(JobRow).where(JobRow.id == job_id).values(
+                lease_expires_at=self._stamp(now + timedelta(seconds=lease_s)), heartbeat_at=self._stamp(now),
+                updated_at=JobRow.updated_at).execution_options(synchronize_session=False))
+            s.refresh(row)
+            faults.point("lease_renewal")
+            return _job(row)
+
+    def release_lease(self, job_id: int, worker: str) -> None:
+        with self._session() as s:
+            row = self._lock_job(s, job_id)
+            if row.lease_owner == worker:
+                row.lease_owner, row.lease_expires_at = None, None
+                self._append_event(s, job_id, LeaseChanged(action="released", worker=worker))
+
+    def set_budget(self, job_id: int, *, max_trials: int | None = None, gpu_hours: float | None = None) -> JobRecord:
+        if max_trials is not None and (isinstance(max_trials, bool) or int(max_trials) < 1):
+            raise ValueError("max_trials: must be at least 1")
+        if gpu_hours is not None and not (0 < float(gpu_hours) < float("inf")):
+            raise ValueError("gpu_hours: must be a positive number")
+        with self._session() as s:
+            row = self._lock_job(s, job_id)
+            status = JobStatus(row.status)
+            if status.finished:
+                raise LifecycleError(f"job {job_id} is {status.value}; its budget can no longer change")
+            if max_trials is not None:
+                row.max_trials = int(max_trials)
+            if gpu_hours is not None:
+                row.gpu_hours = float(gpu_hours)
+            self._append_event(s, job_id, BudgetChanged(max_trials=row.max_trials, gpu_hours=row.gpu_hours))
+            s.flush()
+            return _job(row)
+
+    def set_best_trial(self, job_id: int, trial_id: int, *, worker: str | None = None) -> None:
+        with self._session() as s:
+            row = self._fence(s, job_id, worker)
+            trial = _trial_or_raise(s, trial_id)
+            if trial.job_id != job_id:
+                raise ValueError(f"best trial {trial_id} is a trial of job {trial.job_id}, not of job {job_id}")
+            if row.best_trial_id != trial_id:
+                row.best_trial_id = trial_id
 
     # -- trials ----------------------------------------------------------------------------
-    def start_trial(self, job_id: int, index: int, strategy: Strategy, rationale: str = "") -> Trial:
+    def start_trial(self, job_id: int, index: int, strategy: Strategy, rationale: str = "", *,
+                    worker: str | None = None) -> Trial:
         with self._session() as s:
-            _job_or_raise(s, job_id)
-            # ON CONFLICT DO NOTHING then read back is the race-free form of "insert,
-            # catch IntegrityError, re-read": a concurrent claim of the same index waits
-            # for the first to commit, then reads its row; no transaction is spoilt.
+            self._fence(s, job_id, worker)
+            # ON CONFLICT DO NOTHING then read back: a second claim of the index reads the first's row.
             s.execute(self._insert(_TRIALS)
                       .values(job_id=job_id, index=index, signature=strategy.signature(),
                               strategy=strategy.model_dump(mode="json"), status=TrialStatus.RUNNING.value,
-                              rationale=rationale, gpu_seconds=0.0, fingerprint={}, log_excerpt="")
+                              rationale=redact.redact(rationale), gpu_seconds=0.0, fingerprint={}, log_excerpt="",
+                              attempts=0)
                       .on_conflict_do_nothing(index_elements=["job_id", "index"]))
             row = s.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.index == index)).one()
+            return _trial(row)
+
+    def begin_attempt(self, trial_id: int, *, worker: str | None = None) -> Trial:
+        with self._session() as s:
+            row = _trial_or_raise(s, trial_id)
+            self._fence(s, row.job_id, worker)
+            if row.status != TrialStatus.RUNNING.value:
+                raise ValueError(f"trial {trial_id} is {row.status}; only a running trial is re-run")
+            row.attempts = row.attempts + 1
+            s.flush()
             return _trial(row)
 
     def finish_trial(self, trial_id: int, *, status: TrialStatus, metrics: Metrics | None = None,
                      failure: Failure | None = None, gpu_seconds: float = 0.0,
                      fingerprint: dict[str, Any] | None = None, log_path: str | None = None,
-                     log_excerpt: str = "") -> Trial:
+                     log_excerpt: str = "", wall_seconds: float | None = None, worker: str | None = None) -> Trial:
         status = TrialStatus(status)
-        if status is TrialStatus.RUNNING:
-            raise ValueError("finish_trial: status must be ok or failed, got running")
+        if status not in (TrialStatus.OK, TrialStatus.FAILED):
+            raise ValueError(f"finish_trial: status must be ok or failed, got {status.value}")
         values: dict[str, Any] = {
             "status": status.value,
             "metrics": _jsonable(metrics.model_dump(mode="json"), "metrics") if metrics is not None else None,
@@ -374,21 +457,38 @@ class SqlStore(Store):
             "gpu_seconds": float(gpu_seconds),
             "fingerprint": _jsonable(dict(fingerprint or {}), "fingerprint"),
             "log_path": log_path,
-            "log_excerpt": log_excerpt,
+            "log_excerpt": redact.redact(log_excerpt),
         }
         with self._session() as s:
             row = _trial_or_raise(s, trial_id)
+            self._fence(s, row.job_id, worker)
             changed = row.finished_at is None or any(getattr(row, k) != v for k, v in values.items())
             if changed:
                 for key, value in values.items():
                     setattr(row, key, value)
+                if wall_seconds is not None:
+                    row.wall_seconds = float(wall_seconds)
                 row.finished_at = func.now()  # the database clock, like every timestamp here
                 s.flush()
             return _trial(row)
 
-    def set_trial_failure(self, trial_id: int, failure: Failure) -> Trial:
+    def lose_trial(self, trial_id: int, reason: str, *, worker: str | None = None) -> Trial:
         with self._session() as s:
             row = _trial_or_raise(s, trial_id)
+            self._fence(s, row.job_id, worker)
+            if row.status == TrialStatus.RUNNING.value:
+                summary = redact.redact(f"lost: {reason}")
+                row.status = TrialStatus.LOST.value
+                row.failure = _jsonable(Failure(category=FailureCategory.INFRASTRUCTURE, summary=summary,
+                                                confidence=100).model_dump(mode="json"), "failure")
+                row.finished_at = func.now()
+                s.flush()
+            return _trial(row)
+
+    def set_trial_failure(self, trial_id: int, failure: Failure, *, worker: str | None = None) -> Trial:
+        with self._session() as s:
+            row = _trial_or_raise(s, trial_id)
+            self._fence(s, row.job_id, worker)
             if row.status == TrialStatus.OK.value:
                 raise ValueError(f"trial {trial_id} succeeded; a failure analysis cannot be attached to it")
             row.failure = _jsonable(failure.model_dump(mode="json"), "failure")
@@ -399,10 +499,11 @@ class SqlStore(Store):
         with self._session() as s:
             return _trial(_trial_or_raise(s, trial_id))
 
-    def trials(self, job_id: int) -> list[Trial]:
+    def trials(self, job_id: int, *, after_index: int = 0) -> list[Trial]:
         with self._session() as s:
-            _job_or_raise(s, job_id)
-            rows = s.scalars(select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.index))
+            self._job_row(s, job_id)
+            rows = s.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.index > after_index)
+                             .order_by(TrialRow.index))
             return [_trial(r) for r in rows]
 
     def workload_trials(self, workload_key: str, exclude_job: int | None = None) -> list[Trial]:
@@ -414,42 +515,120 @@ class SqlStore(Store):
         with self._session() as s:
             return [_trial(r) for r in s.scalars(query)]
 
-    # -- the message pool and the audit trail -------------------------------------------------
+    # -- the message pool and the event log ---------------------------------------------------
     def add_message(self, job_id: int, iteration: int, agent: str, kind: str, content: dict[str, Any],
-                    text: str = "") -> int:
+                    text: str = "", *, worker: str | None = None) -> int:
+        content = _jsonable(dict(content), "content")
+        usage = {k: content.get(k) for k in ("prompt_tokens", "completion_tokens", "cost_usd")}
+        usage = {k: (v if isinstance(v, (int, float)) and not isinstance(v, bool) else None) for k, v in usage.items()}
         insert = self._insert(_MESSAGES)
-        stmt = (insert.values(job_id=job_id, iteration=iteration, agent=agent, kind=kind,
-                              content=_jsonable(dict(content), "content"), text=text)
+        stmt = (insert.values(job_id=job_id, iteration=iteration, agent=agent, kind=kind, content=content,
+                              text=redact.redact(text), **usage)
                 .on_conflict_do_update(index_elements=["job_id", "iteration", "agent", "kind"],
                                        set_={"content": insert.excluded.content, "text": insert.excluded.text,
-                                             "created_at": func.now()})
+                                             "prompt_tokens": insert.excluded.prompt_tokens,
+                                             "completion_tokens": insert.excluded.completion_tokens,
+                                             "cost_usd": insert.excluded.cost_usd, "created_at": func.now()})
                 .returning(_MESSAGES.c.id))
         with self._session() as s:
-            _job_or_raise(s, job_id)
+            if worker is not None:
+                self._fence(s, job_id, worker)
+            else:
+                self._job_row(s, job_id)
             return int(s.execute(stmt).scalar_one())
 
-    def messages(self, job_id: int, iteration: int | None = None) -> list[AgentMessage]:
-        query = select(MessageRow).where(MessageRow.job_id == job_id)
+    def messages(self, job_id: int, iteration: int | None = None, *, after_id: int = 0) -> list[AgentMessage]:
+        query = select(MessageRow).where(MessageRow.job_id == job_id, MessageRow.id > after_id)
         if iteration is not None:
             query = query.where(MessageRow.iteration == iteration)
         with self._session() as s:
-            _job_or_raise(s, job_id)
+            self._job_row(s, job_id)
             return [_message(r) for r in s.scalars(query.order_by(MessageRow.iteration, MessageRow.id))]
 
-    def add_event(self, job_id: int, kind: str, payload: dict[str, Any]) -> int:
+    def add_event(self, job_id: int, event: JobEvent, *, worker: str | None = None) -> int:
+        if event.kind == "log":
+            raise ValueError("log events are published live, never stored")
         with self._session() as s:
-            _job_or_raise(s, job_id)
-            row = EventRow(job_id=job_id, kind=kind, payload=_jsonable(dict(payload), "payload"))
-            s.add(row)
-            s.flush()
-            return row.id
+            self._fence(s, job_id, worker)
+            return self._append_event(s, job_id, event)
 
-    def events(self, job_id: int, after_id: int = 0) -> list[Event]:
+    def events(self, job_id: int, after: int = 0, limit: int | None = None) -> list[StoredEvent]:
+        query = select(EventRow).where(EventRow.job_id == job_id, EventRow.seq > after).order_by(EventRow.seq)
+        if limit is not None:
+            query = query.limit(max(0, int(limit)))
         with self._session() as s:
-            _job_or_raise(s, job_id)
-            rows = s.scalars(select(EventRow).where(EventRow.job_id == job_id, EventRow.id > after_id)
-                             .order_by(EventRow.id))
-            return [_event(r) for r in rows]
+            self._job_row(s, job_id)
+            return [_event(r) for r in s.scalars(query)]
+
+    # -- API tokens ---------------------------------------------------------------------------
+    def create_token(self, name: str, scope: str) -> tuple[TokenRecord, str]:
+        if scope not in TOKEN_SCOPES:
+            raise ValueError(f"scope: must be read or write, got {scope!r}")
+        if not name or len(name) > 128 or not name.isprintable():
+            raise ValueError("name: 1 to 128 printable characters")
+        token = f"optico_{scope[0]}_{_secrets.token_urlsafe(32)}"
+        redact.register(token)
+        try:
+            with self._session() as s:
+                row = TokenRow(name=name, scope=scope, token_hash=_token_hash(token), prefix=token[:12])
+                s.add(row)
+                s.flush()
+                return _token(row), token
+        except StoreError as exc:
+            if isinstance(exc.__cause__, IntegrityError):
+                raise ValueError(f"name: a token named {name!r} exists (revoke it or pick another name)") from None
+            raise
+
+    def authenticate(self, token: str) -> TokenRecord | None:
+        if not token or len(token) > 256:
+            return None
+        with self._session() as s:
+            row = s.scalars(select(TokenRow).where(TokenRow.token_hash == _token_hash(token))).first()
+            if row is None or row.revoked_at is not None:
+                return None
+            now = self._now(s)
+            last = as_utc(row.last_used_at) if row.last_used_at is not None else None
+            if last is None or (now - last).total_seconds() > TOKEN_TOUCH_S:
+                row.last_used_at = self._stamp(now)
+                s.flush()
+            return _token(row)
+
+    def tokens(self) -> list[TokenRecord]:
+        with self._session() as s:
+            return [_token(r) for r in s.scalars(select(TokenRow).order_by(TokenRow.id))]
+
+    def revoke_token(self, name: str) -> TokenRecord:
+        with self._session() as s:
+            row = s.scalars(select(TokenRow).where(TokenRow.name == name)).first()
+            if row is None:
+                raise KeyError(f"no token named {name!r}")
+            if row.revoked_at is None:
+                row.revoked_at = self._stamp(self._now(s))
+                s.flush()
+            return _token(row)
+
+    # -- service figures --------------------------------------------------------------------
+    def service_stats(self) -> dict[str, Any]:
+        with self._session() as s:
+            jobs = dict(s.execute(select(JobRow.status, func.count()).group_by(JobRow.status)).all())
+            trials = dict(s.execute(select(TrialRow.status, func.count()).group_by(TrialRow.status)).all())
+            timed = TrialRow.wall_seconds.is_not(None)
+            buckets = [func.coalesce(func.sum(case((TrialRow.wall_seconds <= b, 1), else_=0)), 0)
+                       for b in DURATION_BUCKETS]
+            row = s.execute(select(func.count(), func.coalesce(func.sum(TrialRow.wall_seconds), 0.0), *buckets)
+                            .where(timed)).one()
+            llm = s.execute(select(func.coalesce(func.sum(MessageRow.prompt_tokens), 0),
+                                   func.coalesce(func.sum(MessageRow.completion_tokens), 0),
+                                   func.coalesce(func.sum(MessageRow.cost_usd), 0.0))).one()
+            takeovers = s.execute(select(func.coalesce(func.sum(JobRow.takeovers), 0))).scalar_one()
+        return {
+            "jobs": {JobStatus(k).value: int(v) for k, v in jobs.items()},
+            "trials": {str(k): int(v) for k, v in trials.items()},
+            "trial_seconds": {"count": int(row[0]), "sum": float(row[1]),
+                              "buckets": dict(zip(DURATION_BUCKETS, (int(x) for x in row[2:])))},
+            "llm": {"prompt_tokens": int(llm[0]), "completion_tokens": int(llm[1]), "cost_usd": float(llm[2])},
+            "lease_takeovers": int(takeovers),
+        }
 
     def close(self) -> None:
         if not self._closed:
@@ -463,4 +642,3 @@ class SqlStore(Store):
 def open_store(url: str | None = None) -> SqlStore:
     """The pool at `url` (default: `default_database_url()`), migrated to head."""
     return SqlStore(url)
-

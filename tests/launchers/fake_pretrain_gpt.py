@@ -49,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     for name in ("--bf16", "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
                  "--overlap-param-gather", "--log-throughput", "--cross-entropy-loss-fusion", "--tp-comm-overlap",
                  "--moe-grouped-gemm", "--no-overlap-p2p-communication", "--fake-forever", "--fake-ignore-sigterm",
-                 "--fake-spawn-orphan"):
+                 "--fake-spawn-orphan", "--fake-print-env"):
         p.add_argument(name, action="store_true")
     return p
 
@@ -75,6 +75,11 @@ def main() -> int:
     if args.fake_record:
         with open(os.path.join(args.fake_record, f"argv-rank{rank}.json"), "w") as fh:
             json.dump(sys.argv[1:], fh)
+        with open(os.path.join(args.fake_record, f"env-rank{rank}.json"), "w") as fh:
+            json.dump(dict(os.environ), fh)
+    if args.fake_print_env and rank == 0:  # a careless training script that logs its environment
+        for key, value in sorted(os.environ.items()):
+            print(f"{key}={value}", flush=True)
     if args.fake_spawn_orphan and rank == 0:
         subprocess.Popen(["sleep", "300"], start_new_session=True)
     tp, pp = args.tensor_model_parallel_size or 1, args.pipeline_model_parallel_size or 1

@@ -165,3 +165,38 @@ def test_cancel_stops_the_run_before_cancelled_error(tmp_path: Path):
 
     asyncio.run(main())
     assert_no_leftovers(tmp_path)
+
+
+def test_training_processes_never_see_our_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The worker holds an LLM key, a database password and a WANDB key; the training processes get the
+    allowlist, the spec's env (a *** value filled from the worker) and pass_env — never OPTICO_* secrets.
+    A script that prints its environment leaks nothing into what the pool stores."""
+    from optico.redact import clip
+
+    key, password = "sk-worker-llm-key-0123456789", "pg-pass-abcdef"
+    monkeypatch.setenv("OPTICO_LLM_API_KEY", key)
+    monkeypatch.setenv("OPTICO_DATABASE_URL", f"postgresql://optico:{password}@db/optico")
+    monkeypatch.setenv("OPTICO_SERVICE_TOKEN", "optico_w_service-token-value-xyz")
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-from-worker-42")
+    monkeypatch.setenv("UNRELATED_VAR", "not-allowlisted")
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    program = MegatronLMProgram(kind="megatron-lm",
+                                command=fake_command("--fake-record", "{run_dir}", "--fake-print-env"),
+                                train_iters=4, warmup_iters=1)
+    launcher = LocalLauncher(program, run_dir=tmp_path / "runs", timeout_s=120, hang_s=60,
+                             env={"OMP_NUM_THREADS": "1", "WANDB_API_KEY": "***", "MY_FLAG": "on"},
+                             pass_env=["HF_TOKEN_PATH"])
+    monkeypatch.setenv("HF_TOKEN_PATH", "/secrets/hf")
+    w = tiny(gpu="h100-sxm", gbs=4)
+    result = asyncio.run(launcher.launch(w, strategy_from_mapping({"tp": 1}), trial_key="job1-trial1"))
+    assert result.ok, result.log
+    env = json.loads((Path(result.log_path).parent / "env-rank0.json").read_text())
+    assert not [k for k in env if k.startswith("OPTICO_") and k not in ("OPTICO_RUN_TOKEN",)
+                and not k.startswith("OPTICO_BENCH_")]
+    assert key not in json.dumps(env) and password not in json.dumps(env)
+    assert "UNRELATED_VAR" not in env and env["NCCL_DEBUG"] == "WARN" and env["MY_FLAG"] == "on"
+    assert env["WANDB_API_KEY"] == "wandb-from-worker-42" and env["HF_TOKEN_PATH"] == "/secrets/hf"
+    assert "RANK" in env and "PATH" in env  # what torchrun and Python need still passes
+    stored = clip(result.log, 4000, tail=True)
+    assert key not in stored and "optico_w_service-token-value-xyz" not in stored
+    assert "wandb-from-worker-42" not in stored  # a secret the trial needs is still redacted from its log

@@ -27,7 +27,7 @@ def test_tune_example_with_reasoner_openai_records_every_iteration(db_url: str, 
     out = tmp_path / "result.json"
     _tune(db_url, str(EXAMPLE), "--reasoner", "openai", "--max-trials", "6", "--json", str(out))
     result = json.loads(out.read_text())
-    assert result["status"] == "completed"
+    assert result["status"] == "succeeded"
     store = SqlStore(db_url)
     job = result["job_id"]
     assert store.get_job(job).spec.reasoner.model_dump() == {"analysis": "openai", "generation": "openai",

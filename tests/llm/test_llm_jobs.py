@@ -22,7 +22,7 @@ def _llm_calls(store, job_id, agent=None):
 
 
 def _assert_completed(result: dict) -> None:
-    assert result["status"] == "completed" and result["stop_reason"]
+    assert result["status"] == "succeeded" and result["stop_reason"]
     for t in result["trials"]:
         assert t["status"] in ("ok", "failed")
         if t["status"] == "failed":

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pool_testkit import make_spec
 
+from optico.events import TrialStarted
 from optico.pool import SqlStore
 from optico.strategy import Strategy
 from optico.trial import Metrics, TrialStatus
@@ -39,14 +40,18 @@ def run_threads(targets: list[Callable[[], None]]) -> list[BaseException]:
 
 
 def work_loop(store: SqlStore, job_id: int, rounds: int) -> Callable[[], None]:
-    """A job worker's write pattern: read-then-write transactions, back to back."""
+    """A job worker's write pattern: claim, then read-then-write transactions back to back, fenced by
+    the lease, renewing it as the heartbeat thread would."""
+    worker = f"w{job_id}"
+
     def run() -> None:
+        store.claim_job(worker, 60, job_id=job_id)
         for i in range(1, rounds + 1):
-            trial = store.start_trial(job_id, i, Strategy(micro_batch_size=1 + i % 4))
-            store.add_message(job_id, i, "analysis", "diagnosis", {"i": i})
-            store.add_event(job_id, "trial_started", {"trial": trial.id})
-            store.heartbeat(job_id)
-            store.finish_trial(trial.id, status=TrialStatus.OK, metrics=METRICS, gpu_seconds=float(i))
+            trial = store.start_trial(job_id, i, Strategy(micro_batch_size=1 + i % 4), worker=worker)
+            store.add_message(job_id, i, "analysis", "diagnosis", {"i": i}, worker=worker)
+            store.add_event(job_id, TrialStarted(index=i, strategy="x"), worker=worker)
+            store.renew_lease(job_id, worker, 60)
+            store.finish_trial(trial.id, status=TrialStatus.OK, metrics=METRICS, gpu_seconds=float(i), worker=worker)
             store.trials(job_id)
     return run
 
@@ -65,7 +70,11 @@ def test_concurrent_writers_do_not_fail(db_url: str) -> None:
             trials = first.trials(job_id)
             assert [t.index for t in trials] == list(range(1, rounds + 1))
             assert all(t.status is TrialStatus.OK for t in trials)
-            assert len(first.messages(job_id)) == rounds and len(first.events(job_id)) == rounds
+            assert len(first.messages(job_id)) == rounds
+            started = [e for e in first.events(job_id) if e.kind == "trial_started"]
+            assert len(started) == rounds
+            seqs = [e.seq for e in first.events(job_id)]
+            assert seqs == list(range(1, len(seqs) + 1))  # no gap, no repeat
     finally:
         first.close()
         second.close()

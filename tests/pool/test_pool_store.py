@@ -11,7 +11,8 @@ from pydantic import ValidationError
 from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from optico.pool import AgentMessage, Event, JobRecord, JobStatus, SqlStore, Store, StoreError
+from optico.events import AgentOutput, TrialStarted
+from optico.pool import AgentMessage, JobRecord, JobStatus, SqlStore, Store, StoredEvent, StoreError
 from optico.pool.models import EventRow, JobRow, MessageRow, TrialRow, WorkloadRow
 from optico.strategy import Strategy
 from optico.trial import Failure, FailureCategory, Metrics, Trial, TrialStatus
@@ -48,6 +49,7 @@ def test_create_and_get_job_round_trips_the_spec(store: SqlStore) -> None:
     assert job.created_at.tzinfo is not None and job.updated_at.tzinfo is not None
     assert abs((datetime.now(timezone.utc) - job.created_at).total_seconds()) < 120
     assert job.heartbeat_at is None and job.stop_reason is None and job.best_trial_id is None
+    assert job.lease_owner is None and job.max_trials == spec.budget.max_trials and job.origin == "queue"
 
 
 def test_workload_row_is_stored_once_per_key(store: SqlStore) -> None:
@@ -65,64 +67,25 @@ def test_list_jobs_newest_first_with_limit(store: SqlStore) -> None:
     assert [j.id for j in store.list_jobs(limit=2)] == ids[:1:-1]
 
 
-def test_set_job_status_keeps_unspecified_fields(store: SqlStore) -> None:
-    job_id = store.create_job(make_spec())
-    trial = store.start_trial(job_id, 1, TP2)
-    store.set_job_status(job_id, JobStatus.RUNNING, stop_reason="started", best_trial_id=trial.id)
-    store.set_job_status(job_id, JobStatus.COMPLETED)
-    job = store.get_job(job_id)
-    assert job.status is JobStatus.COMPLETED
-    assert job.stop_reason == "started" and job.best_trial_id == trial.id
-    store.set_job_status(job_id, "failed", stop_reason="budget")  # type: ignore[arg-type]
-    assert store.get_job(job_id).status is JobStatus.FAILED
-    assert store.get_job(job_id).stop_reason == "budget"
-
-
-def test_set_job_status_moves_updated_at(store: SqlStore) -> None:
-    job_id = store.create_job(make_spec())
-    old = datetime(2020, 1, 1, tzinfo=timezone.utc)
-    with store.engine.begin() as conn:
-        conn.execute(update(JobRow).where(JobRow.id == job_id).values(updated_at=old))
-    store.set_job_status(job_id, JobStatus.RUNNING)
-    assert store.get_job(job_id).updated_at > old
-
-
 def test_best_trial_of_another_job_is_refused_and_nothing_is_written(store: SqlStore) -> None:
     a, b = store.create_job(make_spec("a")), store.create_job(make_spec("b"))
     other = store.start_trial(b, 1, TP2)
     with pytest.raises(ValueError, match="of job"):
-        store.set_job_status(a, JobStatus.RUNNING, stop_reason="x", best_trial_id=other.id)
-    job = store.get_job(a)
-    assert job.status is JobStatus.QUEUED and job.stop_reason is None and job.best_trial_id is None
+        store.set_best_trial(a, other.id)
+    assert store.get_job(a).best_trial_id is None
 
 
-def test_heartbeat_uses_the_database_clock_and_keeps_updated_at(store: SqlStore) -> None:
-    job_id = store.create_job(make_spec())
-    old = datetime(2020, 1, 1, tzinfo=timezone.utc)
-    with store.engine.begin() as conn:
-        conn.execute(update(JobRow).where(JobRow.id == job_id).values(updated_at=old))
-        db_now = conn.execute(select(func.now())).scalar_one()
-    store.heartbeat(job_id)
-    job = store.get_job(job_id)
-    assert job.heartbeat_at is not None
-    db_now = db_now if db_now.tzinfo else db_now.replace(tzinfo=timezone.utc)
-    assert abs((job.heartbeat_at - db_now).total_seconds()) < 60
-    assert job.updated_at == old
-
-
-def test_stale_jobs_are_running_jobs_without_a_recent_beat(store: SqlStore) -> None:
-    queued = store.create_job(make_spec("queued"))
-    beating = store.create_job(make_spec("beating"))
-    dead = store.create_job(make_spec("dead"))
-    for job_id in (beating, dead):
-        store.set_job_status(job_id, JobStatus.RUNNING)
-        store.heartbeat(job_id)
-    with store.engine.begin() as conn:
-        conn.execute(update(JobRow).where(JobRow.id == dead)
-                     .values(heartbeat_at=datetime(2020, 1, 1, tzinfo=timezone.utc)))
-    assert [j.id for j in store.stale_jobs(600)] == [dead]
-    assert [j.id for j in store.stale_jobs(-1)] == [dead, beating]
-    assert queued not in [j.id for j in store.stale_jobs(-1)]
+def test_list_jobs_filters_and_pages(store: SqlStore) -> None:
+    ids = [store.create_job(make_spec(f"name-{i}")) for i in range(5)]
+    elsewhere = store.create_job(make_spec("other", seq_length=8192))
+    store.transition(ids[0], JobStatus.CANCELLED)
+    assert [j.id for j in store.list_jobs(status=JobStatus.CANCELLED)] == [ids[0]]
+    assert [j.id for j in store.list_jobs(workload_key=make_spec(seq_length=8192).workload.key())] == [elsewhere]
+    assert [j.id for j in store.list_jobs(name="name-")] == ids[::-1]
+    assert [j.id for j in store.list_jobs(name="%")] == []  # LIKE wildcards are matched literally
+    page = store.list_jobs(limit=2, name="name-")
+    assert [j.id for j in page] == [ids[4], ids[3]]
+    assert [j.id for j in store.list_jobs(limit=2, name="name-", before_id=page[-1].id)] == [ids[2], ids[1]]
 
 
 # -- trials ----------------------------------------------------------------------------------
@@ -265,17 +228,28 @@ def test_messages_are_ordered_by_iteration_then_id_and_filter_by_iteration(store
     assert store.messages(other) == []
 
 
-def test_events_tail_after_an_id(store: SqlStore) -> None:
+def test_events_are_typed_and_numbered_per_job(store: SqlStore) -> None:
     job_id = store.create_job(make_spec())
     other = store.create_job(make_spec("other"))
-    ids = [store.add_event(job_id, "llm_call", {"i": i}) for i in range(3)]
-    store.add_event(other, "noise", {})
-    assert ids == sorted(ids)
+    seqs = [store.add_event(job_id, TrialStarted(index=i, strategy="TP1")) for i in range(1, 4)]
+    store.add_event(other, AgentOutput(iteration=1, agent="analysis", message="output"))
     events = store.events(job_id)
-    assert [e.id for e in events] == ids and [e.payload["i"] for e in events] == [0, 1, 2]
-    assert all(isinstance(e, Event) and e.kind == "llm_call" for e in events)
-    assert [e.id for e in store.events(job_id, after_id=ids[0])] == ids[1:]
-    assert store.events(job_id, after_id=ids[-1]) == []
+    assert [e.seq for e in events] == [1, *seqs]  # seq 1: the 'queued' state event of create_job
+    assert events[0].kind == "state" and events[0].event.status == "queued"
+    assert seqs == [2, 3, 4] and [e.event.index for e in events[1:]] == [1, 2, 3]
+    assert all(isinstance(e, StoredEvent) for e in events)
+    assert [e.seq for e in store.events(job_id, after=seqs[0])] == seqs[1:]
+    assert store.events(job_id, after=seqs[-1]) == []
+    assert [e.seq for e in store.events(job_id, limit=2)] == [1, 2]
+    assert [e.seq for e in store.events(other)] == [1, 2]
+
+
+def test_log_events_are_never_stored(store: SqlStore) -> None:
+    from optico.events import TrialLog
+
+    job_id = store.create_job(make_spec())
+    with pytest.raises(ValueError, match="never stored"):
+        store.add_event(job_id, TrialLog(index=1, line="x"))
 
 
 # -- what callers hold -------------------------------------------------------------------------
@@ -284,9 +258,8 @@ def test_returned_objects_are_frozen(store: SqlStore) -> None:
     job_id = store.create_job(make_spec())
     trial = store.start_trial(job_id, 1, TP2)
     store.add_message(job_id, 1, "a", "k", {})
-    store.add_event(job_id, "e", {})
     for obj, field, value in [(store.get_job(job_id), "status", JobStatus.FAILED), (trial, "status", "ok"),
-                              (store.messages(job_id)[0], "text", "x"), (store.events(job_id)[0], "kind", "y")]:
+                              (store.messages(job_id)[0], "text", "x"), (store.events(job_id)[0], "seq", 9)]:
         with pytest.raises(ValidationError):
             setattr(obj, field, value)
     assert store.get_trial(trial.id).status is TrialStatus.RUNNING
@@ -294,8 +267,10 @@ def test_returned_objects_are_frozen(store: SqlStore) -> None:
 
 @pytest.mark.parametrize("call", [
     lambda s: s.get_job(999),
-    lambda s: s.set_job_status(999, JobStatus.RUNNING),
-    lambda s: s.heartbeat(999),
+    lambda s: s.transition(999, JobStatus.CANCELLED),
+    lambda s: s.claim_job("w", 5, job_id=999),
+    lambda s: s.renew_lease(999, "w", 5),
+    lambda s: s.set_budget(999, max_trials=3),
     lambda s: s.start_trial(999, 1, TP2),
     lambda s: s.get_trial(999),
     lambda s: s.finish_trial(999, status=TrialStatus.OK, metrics=metrics()),
@@ -303,10 +278,11 @@ def test_returned_objects_are_frozen(store: SqlStore) -> None:
     lambda s: s.trials(999),
     lambda s: s.add_message(999, 1, "a", "k", {}),
     lambda s: s.messages(999),
-    lambda s: s.add_event(999, "e", {}),
+    lambda s: s.add_event(999, TrialStarted(index=1, strategy="x")),
     lambda s: s.events(999),
     lambda s: s.best_trial(999),
-    lambda s: s.set_job_status(s.create_job(make_spec()), JobStatus.RUNNING, best_trial_id=999),
+    lambda s: s.set_best_trial(s.create_job(make_spec()), 999),
+    lambda s: s.revoke_token("nobody"),
 ])
 def test_unknown_ids_raise_key_error(store: SqlStore, call: Callable[[SqlStore], object]) -> None:
     with pytest.raises(KeyError):
@@ -315,18 +291,18 @@ def test_unknown_ids_raise_key_error(store: SqlStore, call: Callable[[SqlStore],
 
 def test_values_that_cannot_be_stored_raise_value_error_and_write_nothing(store: SqlStore) -> None:
     job_id = store.create_job(make_spec())
-    with pytest.raises(ValueError, match="payload"):
-        store.add_event(job_id, "bad", {"not json": object()})
+    with pytest.raises(ValueError, match="content"):
+        store.add_message(job_id, 1, "a", "k", {"not json": object()})
     with pytest.raises(ValueError, match="content"):
         store.add_message(job_id, 1, "a", "k", {"x": float("nan")})
     trial = store.start_trial(job_id, 1, TP2)
     with pytest.raises(ValueError, match="fingerprint"):
         store.finish_trial(trial.id, status=TrialStatus.OK, metrics=metrics(), fingerprint={"t": float("inf")})
-    assert store.events(job_id) == [] and store.messages(job_id) == []
+    assert store.messages(job_id) == []
     assert store.get_trial(trial.id).status is TrialStatus.RUNNING
     # What is stored comes back as JSON gives it: tuples become lists.
-    store.add_event(job_id, "ok", {"shape": (1, 2)})
-    assert store.events(job_id)[0].payload == {"shape": [1, 2]}
+    store.add_message(job_id, 1, "a", "ok", {"shape": (1, 2)})
+    assert store.messages(job_id)[0].content == {"shape": [1, 2]}
 
 
 def test_database_errors_roll_back_and_raise_store_error(store: SqlStore) -> None:
@@ -334,7 +310,7 @@ def test_database_errors_roll_back_and_raise_store_error(store: SqlStore) -> Non
     with store.engine.begin() as conn:
         conn.execute(text("DROP TABLE optico_events"))
     with pytest.raises(StoreError) as info:
-        store.add_event(job_id, "lost", {})
+        store.add_event(job_id, TrialStarted(index=1, strategy="x"))
     assert info.value.__cause__ is not None
     store.add_message(job_id, 1, "a", "k", {})  # the store is still usable
 
@@ -374,4 +350,4 @@ def test_unique_message_key_is_a_database_constraint(store: SqlStore) -> None:
 
 def test_foreign_keys_are_enforced(store: SqlStore) -> None:
     with pytest.raises(IntegrityError), store.engine.begin() as conn:
-        conn.execute(insert(EventRow).values(job_id=12345, kind="orphan", payload={}))
+        conn.execute(insert(EventRow).values(job_id=12345, seq=1, kind="orphan", payload={}))

@@ -1,0 +1,82 @@
+"""`optico jobs submit|stop|cancel|resume|budget`: change jobs in the pool (the workers act on it).
+
+Registered on the `jobs` group next to its read-only commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from optico.cli.common import DatabaseOption, console, fail, open_store
+from optico.cli.jobs import jobs_app
+
+
+def _transition(job_id: int, to: str, reason: str, database: str | None) -> None:
+    from optico.pool.lifecycle import JobStatus, LifecycleError
+
+    store, url = open_store(database)
+    with store:
+        try:
+            job = store.transition(job_id, JobStatus(to), reason=reason)
+        except KeyError:
+            fail(f"no job {job_id} in {url}")
+        except LifecycleError as exc:
+            fail(str(exc))
+    console.print(f"job {job.id} is {job.status.value}", highlight=False)
+
+
+@jobs_app.command("submit")
+def jobs_submit(spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help="The workload spec."),
+                database: Optional[str] = DatabaseOption) -> None:
+    """Queue a job for the workers (`optico serve` or `optico worker`) and print its id."""
+    from optico.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(spec_path)
+    except SpecError as exc:
+        fail(str(exc))
+    store, _ = open_store(database)
+    with store:
+        job_id = store.create_job(spec)
+    console.print(f"job {job_id} queued: {spec.name}", highlight=False)
+
+
+@jobs_app.command("stop")
+def jobs_stop(job_id: int, database: Optional[str] = DatabaseOption) -> None:
+    """Stop gracefully: the running trial finishes, no new one starts."""
+    _transition(job_id, "stopping", "stopped on request (CLI)", database)
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_id: int, database: Optional[str] = DatabaseOption) -> None:
+    """Cancel: the running trial is killed and recorded as lost."""
+    _transition(job_id, "cancelled", "cancelled on request (CLI)", database)
+
+
+@jobs_app.command("resume")
+def jobs_resume(job_id: int, database: Optional[str] = DatabaseOption) -> None:
+    """Queue an interrupted or failed job again for the workers (`optico tune --resume` runs it here instead)."""
+    _transition(job_id, "queued", "resumed on request (CLI)", database)
+
+
+@jobs_app.command("budget")
+def jobs_budget(job_id: int,
+                max_trials: Optional[int] = typer.Option(None, "--max-trials", min=1, help="New trial budget."),
+                gpu_hours: Optional[float] = typer.Option(None, "--gpu-hours", min=0.0, help="New GPU-hour budget."),
+                database: Optional[str] = DatabaseOption) -> None:
+    """Raise or lower a job's budget, also while it runs."""
+    from optico.pool.lifecycle import LifecycleError
+
+    if max_trials is None and gpu_hours is None:
+        fail("give --max-trials and/or --gpu-hours")
+    store, url = open_store(database)
+    with store:
+        try:
+            job = store.set_budget(job_id, max_trials=max_trials, gpu_hours=gpu_hours)
+        except KeyError:
+            fail(f"no job {job_id} in {url}")
+        except (LifecycleError, ValueError) as exc:
+            fail(str(exc))
+    console.print(f"job {job.id}: max trials {job.max_trials}, GPU-hours {job.gpu_hours or '-'}", highlight=False)

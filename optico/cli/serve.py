@@ -1,0 +1,101 @@
+"""`optico serve` (the REST API, with embedded job workers) and `optico worker` (workers alone)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import threading
+from typing import Optional
+
+import typer
+
+from optico.cli.common import DatabaseOption, console, err, fail
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _settings(database: str | None):
+    from pydantic import ValidationError
+
+    from optico.service.settings import ServiceSettings
+
+    try:
+        base = ServiceSettings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        fail(f"OPTICO_{str(first['loc'][0]).upper()}: {first['msg']}")
+    return base.model_copy(update={"database_url": database}) if database else base
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (a non-loopback one needs at least "
+                                                         "one API token to exist)."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=0, max=64,
+                                          help="Embedded job workers (default OPTICO_WORKERS, else 1)."),
+    no_worker: bool = typer.Option(False, "--no-worker", help="Serve the API only; `optico worker` runs jobs."),
+    database: Optional[str] = DatabaseOption,
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level."),
+) -> None:
+    """Serve the REST API (and the job workers) over HTTP."""
+    import uvicorn
+
+    from optico.pool.store import SqlStore
+    from optico.redact import redact
+    from optico.service.app import create_app
+
+    settings = _settings(database)
+    count = 0 if no_worker else (settings.workers if workers is None else workers)
+    store = SqlStore(settings.database_url)  # migrates the schema before the first request
+    try:
+        no_tokens = not any(t.revoked_at is None for t in store.tokens())
+    finally:
+        store.close()
+    if not _loopback(host) and no_tokens:
+        fail(f"--host {host}: no API token exists, so nobody could use the API; create one first with "
+             f"`optico token create NAME --scope write`")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    console.print(f"optico serve on http://{host}:{port} — {count} worker(s), pool {redact(store.url)}",
+                  highlight=False)
+    uvicorn.run(create_app(settings, workers=count), host=host, port=port, log_level=log_level,
+                proxy_headers=False, server_header=False)
+
+
+def worker(
+    workers: int = typer.Option(1, "--workers", min=1, max=64, help="Worker threads (one job each)."),
+    database: Optional[str] = DatabaseOption,
+) -> None:
+    """Run job workers without the API: claim queued jobs and run them under a lease until stopped."""
+    from optico.pool.store import SqlStore
+    from optico.redact import redact
+    from optico.service.worker import WorkerPool
+
+    settings = _settings(database)
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    store = SqlStore(settings.database_url)
+    pool = WorkerPool(store, store.url, workers, policy=settings.lease, poll_s=settings.worker_poll_s)
+    done = threading.Event()
+
+    def shutdown(signum: int, _frame: object) -> None:
+        err.print(f"{signal.Signals(signum).name}: interrupting running jobs (they resume on another worker)")
+        done.set()
+
+    signal.signal(signal.SIGTERM, shutdown)
+    signal.signal(signal.SIGINT, shutdown)
+    console.print(f"optico worker: {workers} worker(s) on {redact(store.url)}: "
+                  f"{', '.join(w.worker_id for w in pool.workers)}", highlight=False)
+    pool.start()
+    try:
+        while not done.wait(0.5):
+            pass
+    finally:
+        pool.stop()
+        store.close()

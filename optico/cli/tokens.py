@@ -1,0 +1,54 @@
+"""`optico token ...`: the REST API's bearer tokens (only their hash is stored)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from optico.cli.common import DatabaseOption, console, err, fail, open_store
+
+token_app = typer.Typer(no_args_is_help=True, help="API tokens of the REST service.")
+
+
+@token_app.command("create")
+def token_create(name: str = typer.Argument(..., help="A name to tell the token apart (unique)."),
+                 scope: str = typer.Option(..., "--scope", help="read (GET endpoints) or write (everything)."),
+                 database: Optional[str] = DatabaseOption) -> None:
+    """Mint a token and print it once: it cannot be shown again."""
+    if scope not in ("read", "write"):
+        fail(f"--scope: must be read or write, got {scope!r}")
+    store, _ = open_store(database)
+    with store:
+        try:
+            record, token = store.create_token(name, scope)
+        except ValueError as exc:
+            fail(str(exc))
+    err.print(f"token {record.name!r} ({record.scope}); shown once, store it now:", highlight=False)
+    print(token)
+
+
+@token_app.command("list")
+def token_list(database: Optional[str] = DatabaseOption) -> None:
+    """Every token: name, scope, prefix, created, last used, revoked."""
+    store, _ = open_store(database)
+    with store:
+        table = Table("name", "scope", "prefix", "created", "last used", "revoked")
+        for t in store.tokens():
+            when = lambda d: d.strftime("%Y-%m-%d %H:%M") if d else "-"  # noqa: E731
+            table.add_row(t.name, t.scope, t.prefix + "…", when(t.created_at), when(t.last_used_at),
+                          when(t.revoked_at))
+        console.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(name: str, database: Optional[str] = DatabaseOption) -> None:
+    """Revoke a token: every request with it gets 401 from now on."""
+    store, _ = open_store(database)
+    with store:
+        try:
+            record = store.revoke_token(name)
+        except KeyError:
+            fail(f"no token named {name!r}")
+    console.print(f"token {record.name!r} revoked", highlight=False)

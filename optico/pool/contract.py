@@ -1,0 +1,221 @@
+"""The pool's contract: what every store keeps, whatever database is under it.
+
+Thread safety: one Store may be shared by any number of threads. Every method is one
+transaction: it commits before returning, or rolls back and raises; nothing is written when
+a method raises. Several processes (workers, API replicas, `optico tune`) may use one
+database at once.
+
+Ownership: a job is run by the one worker holding its lease. Methods that write a job's
+progress take `worker=`; when given, the write happens only if that worker still holds the
+lease (else `LeaseLost`), so a worker that paused past its lease and was taken over cannot
+write over its successor. Readers (the API, the dashboard, a warm-starting job) read any time.
+
+Idempotence: a worker resumed after a crash re-runs the graph node that was interrupted, so
+- `start_trial` is keyed by (job, index): a second call returns the existing trial;
+- `finish_trial` with the same values is a no-op;
+- `add_message` replaces the message of the same (job, iteration, agent, kind).
+Events are the exception: an append-only log whose `seq` grows by one per job in commit order.
+
+Text: every string written (logs, diagnoses, agent messages, events, the spec) is redacted of
+known secrets first (`optico.redact`); a spec's `launcher.env` values under secret-looking
+names are stored as `***`.
+
+Errors: an unknown job, trial or token raises KeyError; an argument that contradicts what is
+stored raises ValueError; a refused lifecycle step raises a `LifecycleError` (IllegalTransition,
+LeaseHeld, LeaseLost) whose message is one line; a database failure raises StoreError.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from optico.events import JobEvent
+from optico.pool.lifecycle import JobStatus
+from optico.pool.records import AgentMessage, JobRecord, StoredEvent, TokenRecord
+from optico.spec import JobSpec
+from optico.strategy import Strategy
+from optico.trial import Failure, Metrics, Trial, TrialStatus
+
+
+class StoreError(RuntimeError):
+    """The database itself failed (lost connection, lock timeout, a broken constraint).
+
+    The transaction was rolled back; the driver's exception is chained as __cause__."""
+
+
+class IdempotencyConflict(ValueError):
+    """An Idempotency-Key already names a job with a different spec."""
+
+
+class Store(ABC):
+    """The global message pool: the one place a job's history lives (see the module docstring)."""
+
+    # -- jobs ----------------------------------------------------------------------------
+    @abstractmethod
+    def create_job(self, spec: JobSpec, *, origin: str = "queue", idempotency_key: str | None = None) -> int:
+        """Stores a new job (QUEUED; its workload if unseen) and returns its id.
+
+        With `idempotency_key`: a job already created with that key is returned instead (its id),
+        if its spec is the same; IdempotencyConflict if it differs. `origin` is 'queue' (the
+        workers pick it up) or 'cli' (run by the process that created it)."""
+
+    @abstractmethod
+    def job_id_for_key(self, idempotency_key: str) -> int | None:
+        """The job created with this Idempotency-Key, if any."""
+
+    @abstractmethod
+    def get_job(self, job_id: int) -> JobRecord:
+        """The job; KeyError if unknown."""
+
+    @abstractmethod
+    def list_jobs(self, limit: int = 50, *, status: JobStatus | None = None, workload_key: str | None = None,
+                  name: str | None = None, before_id: int | None = None) -> list[JobRecord]:
+        """Up to `limit` jobs, newest first, filtered by status, workload key and name (a substring);
+        `before_id` pages: only jobs with a smaller id."""
+
+    @abstractmethod
+    def db_now(self) -> datetime:
+        """The database clock (UTC): the one clock leases are judged by."""
+
+    # -- the lifecycle ---------------------------------------------------------------------
+    @abstractmethod
+    def transition(self, job_id: int, to: JobStatus, *, reason: str | None = None,
+                   worker: str | None = None) -> JobRecord:
+        """Compare-and-set: moves the job to `to` if its current state allows it (see
+        `lifecycle.ALLOWED`), recording a `state` event in the same transaction.
+
+        `reason` becomes the stop reason of a final state. Outcomes of a run (succeeded, failed,
+        interrupted) need `worker`, the lease holder; a final state releases the lease.
+        IllegalTransition names the current state; LeaseLost if `worker` does not hold it."""
+
+    @abstractmethod
+    def claim_job(self, worker: str, lease_s: float, *, job_id: int | None = None) -> JobRecord | None:
+        """Gives `worker` the lease of a job for `lease_s` seconds and returns the job, RUNNING.
+
+        Without `job_id`: the oldest claimable queue job — QUEUED, INTERRUPTED, or RUNNING/STOPPING
+        with an expired lease (its worker died: a takeover, counted) — or None. Concurrent
+        claimers never get the same job (PostgreSQL: FOR UPDATE SKIP LOCKED; SQLite: one writer).
+        With `job_id`: that job, whatever its origin (`optico tune --resume`): LeaseHeld if another
+        worker's lease is live; IllegalTransition if it is SUCCEEDED or CANCELLED."""
+
+    @abstractmethod
+    def renew_lease(self, job_id: int, worker: str, lease_s: float) -> JobRecord:
+        """Extends `worker`'s lease to now + `lease_s` and returns the job (whose status tells the
+        worker about a stop or cancel request). LeaseLost if it no longer holds the lease."""
+
+    @abstractmethod
+    def release_lease(self, job_id: int, worker: str) -> None:
+        """Gives the lease up (no-op if `worker` does not hold it)."""
+
+    @abstractmethod
+    def set_budget(self, job_id: int, *, max_trials: int | None = None, gpu_hours: float | None = None) -> JobRecord:
+        """Changes the live budget of a job that has not finished (a `budget` event); ValueError for
+        a non-positive value; IllegalTransition if the job is finished."""
+
+    @abstractmethod
+    def set_best_trial(self, job_id: int, trial_id: int, *, worker: str | None = None) -> None:
+        """Points the job at its best trial; ValueError if the trial belongs to another job."""
+
+    # -- trials ----------------------------------------------------------------------------
+    @abstractmethod
+    def start_trial(self, job_id: int, index: int, strategy: Strategy, rationale: str = "", *,
+                    worker: str | None = None) -> Trial:
+        """Claims trial `index` (1-based) of the job, RUNNING, and returns it. Idempotent: an
+        existing trial with this index is returned unchanged, whatever its status."""
+
+    @abstractmethod
+    def begin_attempt(self, trial_id: int, *, worker: str | None = None) -> Trial:
+        """Counts one more attempt of a RUNNING trial (a re-run after its worker died)."""
+
+    @abstractmethod
+    def finish_trial(self, trial_id: int, *, status: TrialStatus, metrics: Metrics | None = None,
+                     failure: Failure | None = None, gpu_seconds: float = 0.0,
+                     fingerprint: dict[str, Any] | None = None, log_path: str | None = None,
+                     log_excerpt: str = "", wall_seconds: float | None = None, worker: str | None = None) -> Trial:
+        """Records the outcome (OK or FAILED); the same values again change nothing, not even the
+        finish time. ValueError if `status` is RUNNING or LOST."""
+
+    @abstractmethod
+    def lose_trial(self, trial_id: int, reason: str, *, worker: str | None = None) -> Trial:
+        """Marks a RUNNING trial LOST (its result will never be known) with the reason. No-op on a
+        trial already finished or lost."""
+
+    @abstractmethod
+    def set_trial_failure(self, trial_id: int, failure: Failure, *, worker: str | None = None) -> Trial:
+        """Attaches the failure analysis; ValueError if the trial succeeded."""
+
+    @abstractmethod
+    def get_trial(self, trial_id: int) -> Trial:
+        """The trial; KeyError if unknown."""
+
+    @abstractmethod
+    def trials(self, job_id: int, *, after_index: int = 0) -> list[Trial]:
+        """The job's trials with index > `after_index`, in index order; KeyError for an unknown job."""
+
+    @abstractmethod
+    def workload_trials(self, workload_key: str, exclude_job: int | None = None) -> list[Trial]:
+        """Finished (OK or FAILED) trials of every job on the workload, except `exclude_job`'s,
+        ordered by job then index: what a new job warm-starts from."""
+
+    # -- the message pool and the event log ---------------------------------------------------
+    @abstractmethod
+    def add_message(self, job_id: int, iteration: int, agent: str, kind: str, content: dict[str, Any],
+                    text: str = "", *, worker: str | None = None) -> int:
+        """Stores an agent's message and returns its id; the same (job, iteration, agent, kind)
+        replaces the earlier one and keeps its id."""
+
+    @abstractmethod
+    def messages(self, job_id: int, iteration: int | None = None, *, after_id: int = 0) -> list[AgentMessage]:
+        """The job's messages (of one iteration if given; id > `after_id`), by iteration then id."""
+
+    @abstractmethod
+    def add_event(self, job_id: int, event: JobEvent, *, worker: str | None = None) -> int:
+        """Appends an event to the job's log and returns its `seq` (1, 2, ... per job)."""
+
+    @abstractmethod
+    def events(self, job_id: int, after: int = 0, limit: int | None = None) -> list[StoredEvent]:
+        """The job's events with seq > `after`, oldest first."""
+
+    # -- API tokens ---------------------------------------------------------------------------
+    @abstractmethod
+    def create_token(self, name: str, scope: str) -> tuple[TokenRecord, str]:
+        """Mints a token (scope 'read' or 'write'); returns its record and the token itself, which
+        is never stored (only its hash) and cannot be shown again. ValueError for a taken name."""
+
+    @abstractmethod
+    def authenticate(self, token: str) -> TokenRecord | None:
+        """The live (not revoked) token record for this token, or None."""
+
+    @abstractmethod
+    def tokens(self) -> list[TokenRecord]:
+        """Every token record, revoked ones included, oldest first."""
+
+    @abstractmethod
+    def revoke_token(self, name: str) -> TokenRecord:
+        """Revokes the token of this name (KeyError if none); revoking twice is harmless."""
+
+    # -- service figures --------------------------------------------------------------------
+    @abstractmethod
+    def service_stats(self) -> dict[str, Any]:
+        """Aggregates for /metrics: jobs by status, trials by status, finished-trial wall time
+        (count, sum, histogram buckets), LLM tokens and cost, lease takeovers."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Releases connections. Calling it twice is harmless."""
+
+    # -- conveniences built on the primitives above ---------------------------------------------
+    def best_trial(self, job_id: int) -> Trial | None:
+        """The job's successful trial with the highest MFU (the earliest on a tie)."""
+        ok = [t for t in self.trials(job_id) if t.status is TrialStatus.OK and t.metrics is not None]
+        return max(ok, key=lambda t: (t.mfu or 0.0, -t.index)) if ok else None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

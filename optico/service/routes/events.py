@@ -1,0 +1,61 @@
+"""/api/v1/jobs/{id}/events: the job's event log as server-sent events.
+
+Each event carries `id: <seq>` (1, 2, ... per job, in commit order), `event: <kind>` and the event as
+JSON. A client that reconnects with `Last-Event-ID` (or `?after=`) gets exactly the events after it:
+no loss, no repeats. When the job has ended and every event was sent, the stream sends one `end`
+event and closes, so clients stop reconnecting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from starlette.concurrency import run_in_threadpool
+
+from optico.service.deps import JobDep, ReadToken, SettingsDep, StoreDep
+
+router = APIRouter(prefix="/api/v1/jobs", tags=["events"])
+BATCH = 500
+
+
+def _start(after: int | None, last_event_id: str | None) -> int:
+    if last_event_id and last_event_id.strip().isdigit():
+        return int(last_event_id.strip())
+    return after or 0
+
+
+@router.get("/{job_id}/events", response_class=EventSourceResponse)
+async def stream_events(request: Request, job: JobDep, store: StoreDep, settings: SettingsDep, _: ReadToken,
+                        after: Annotated[int | None, Query(ge=0, description="Send events after this seq.")] = None,
+                        last_event_id: Annotated[str | None, Header(max_length=32)] = None,
+                        ) -> AsyncIterator[ServerSentEvent]:
+    """Follows the job live: state changes, trial starts and results, agent outputs, fallbacks."""
+    last = _start(after, last_event_id)
+    quiet_since = time.monotonic()
+    yield ServerSentEvent(comment="optico event stream", retry=3000)
+    while not await request.is_disconnected():
+        batch = await run_in_threadpool(store.events, job.id, last, BATCH)
+        for stored in batch:
+            last = stored.seq
+            yield ServerSentEvent(data=stored.event.model_dump(mode="json"), event=stored.kind, id=str(stored.seq))
+        if len(batch) == BATCH:
+            continue
+        current = await run_in_threadpool(store.get_job, job.id)
+        # Ended: final, no worker still writing (a cancelled job's worker records its lost trial first).
+        if current.status.final and current.lease_owner is None:
+            tail = await run_in_threadpool(store.events, job.id, last, BATCH)
+            if not tail:
+                yield ServerSentEvent(data={"status": current.status.value}, event="end", id=str(last))
+                return
+            continue
+        if batch:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= settings.sse_keepalive_s:
+            quiet_since = time.monotonic()
+            yield ServerSentEvent(comment="keepalive")
+        await asyncio.sleep(settings.sse_poll_s)

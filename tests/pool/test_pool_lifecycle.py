@@ -1,0 +1,271 @@
+"""The job lifecycle, leases, idempotent submission, tokens and redaction — on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from pool_testkit import make_spec
+from sqlalchemy import select, text, update
+from test_pool_concurrency import run_threads
+
+from optico.events import TrialStarted
+from optico.pool import IdempotencyConflict, IllegalTransition, JobStatus, LeaseHeld, LeaseLost, SqlStore
+from optico.pool.lifecycle import ALLOWED, LifecycleError
+from optico.pool.models import JobRow, TokenRow
+from optico.strategy import Strategy
+from optico.trial import Metrics, TrialStatus
+
+S = JobStatus
+METRICS = Metrics(step_time_s=1.0, tflops_per_gpu=400.0, mfu=0.4, tokens_per_s_per_gpu=1000.0)
+
+
+def put_in(store: SqlStore, status: JobStatus, worker: str = "w1") -> int:
+    """A job in `status`, reached through legal transitions only."""
+    job_id = store.create_job(make_spec())
+    if status is S.QUEUED:
+        return job_id
+    if status is S.CANCELLED:
+        store.transition(job_id, S.CANCELLED)
+        return job_id
+    store.claim_job(worker, 60, job_id=job_id)
+    if status is S.STOPPING:
+        store.transition(job_id, S.STOPPING)
+    elif status in (S.SUCCEEDED, S.FAILED, S.INTERRUPTED):
+        store.transition(job_id, status, worker=worker)
+    return job_id
+
+
+def expire_lease(store: SqlStore, job_id: int) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(update(JobRow).where(JobRow.id == job_id)
+                     .values(lease_expires_at=datetime(2020, 1, 1, tzinfo=timezone.utc)))
+
+
+@pytest.mark.parametrize(("start", "wanted"), list(itertools.product(list(S), list(S))))
+def test_every_transition_follows_the_table(store: SqlStore, start: JobStatus, wanted: JobStatus) -> None:
+    job_id = put_in(store, start)
+    before = store.get_job(job_id)
+    events_before = len(store.events(job_id))
+    worker = "w1" if before.lease_owner == "w1" else None
+    if start in ALLOWED[wanted] and not (worker is None and wanted in (S.SUCCEEDED, S.FAILED, S.INTERRUPTED)):
+        after = store.transition(job_id, wanted, reason="why", worker=worker)
+        assert after.status is wanted
+        assert store.events(job_id)[-1].event.status == wanted.value
+        return
+    with pytest.raises((IllegalTransition, ValueError)) as info:
+        store.transition(job_id, wanted, worker=worker)
+    if isinstance(info.value, IllegalTransition):
+        assert f"job {job_id} is {start.value}" in str(info.value)
+    after = store.get_job(job_id)
+    assert after.status is start and after.updated_at == before.updated_at  # nothing written
+    assert len(store.events(job_id)) == events_before
+
+
+def test_a_cancel_is_not_overwritten_by_the_worker(store: SqlStore) -> None:
+    job_id = put_in(store, S.RUNNING)
+    store.transition(job_id, S.CANCELLED, reason="user asked")
+    with pytest.raises(IllegalTransition, match="is cancelled"):
+        store.transition(job_id, S.SUCCEEDED, reason="max trials", worker="w1")
+    job = store.get_job(job_id)
+    assert job.status is S.CANCELLED and job.stop_reason == "user asked"
+    # The live worker keeps the lease until it has killed its trial and released it.
+    assert job.lease_owner == "w1"
+    assert store.renew_lease(job_id, "w1", 60).status is S.CANCELLED
+    store.release_lease(job_id, "w1")
+    assert store.get_job(job_id).lease_owner is None
+
+
+def test_claim_takes_the_oldest_queue_job_once(store: SqlStore) -> None:
+    first, second = store.create_job(make_spec("a")), store.create_job(make_spec("b"))
+    store.create_job(make_spec("mine"), origin="cli")  # never picked up by a worker
+    got = store.claim_job("w1", 60)
+    assert got is not None and got.id == first and got.status is S.RUNNING and got.lease_owner == "w1"
+    assert got.started_at is not None and got.lease_expires_at > store.db_now()
+    assert store.claim_job("w2", 60).id == second
+    assert store.claim_job("w3", 60) is None
+    kinds = [e.kind for e in store.events(first)]
+    assert kinds == ["state", "state", "lease"]
+
+
+def test_a_live_lease_refuses_another_worker_naming_the_holder(store: SqlStore) -> None:
+    job_id = put_in(store, S.RUNNING, worker="alpha")
+    with pytest.raises(LeaseHeld) as info:
+        store.claim_job("beta", 60, job_id=job_id)
+    assert str(info.value).startswith(f"job {job_id} is held by worker alpha until ")
+    with pytest.raises(LeaseLost):
+        store.renew_lease(job_id, "beta", 60)
+    assert store.claim_job("alpha", 60, job_id=job_id).lease_owner == "alpha"  # the holder may re-claim
+
+
+def test_an_expired_lease_is_taken_over_and_fences_the_old_worker(store: SqlStore) -> None:
+    job_id = put_in(store, S.RUNNING, worker="dead")
+    trial = store.start_trial(job_id, 1, Strategy(), worker="dead")
+    assert store.claim_job("live", 60) is None  # live lease: nothing claimable
+    expire_lease(store, job_id)
+    taken = store.claim_job("live", 60)
+    assert taken is not None and taken.id == job_id and taken.lease_owner == "live" and taken.takeovers == 1
+    last = store.events(job_id)[-1].event
+    assert last.kind == "lease" and last.action == "taken_over" and last.previous_worker == "dead"
+    # The old worker wakes up: every write of its job is refused, nothing is written.
+    for write in (lambda: store.finish_trial(trial.id, status=TrialStatus.OK, metrics=METRICS, worker="dead"),
+                  lambda: store.start_trial(job_id, 2, Strategy(), worker="dead"),
+                  lambda: store.add_message(job_id, 1, "analysis", "output", {}, worker="dead"),
+                  lambda: store.add_event(job_id, TrialStarted(index=1, strategy="x"), worker="dead"),
+                  lambda: store.transition(job_id, S.SUCCEEDED, worker="dead"),
+                  lambda: store.renew_lease(job_id, "dead", 60)):
+        with pytest.raises(LeaseLost, match="worker dead lost the lease"):
+            write()
+    assert store.get_trial(trial.id).status is TrialStatus.RUNNING and len(store.trials(job_id)) == 1
+    assert store.service_stats()["lease_takeovers"] == 1
+
+
+def test_interrupted_queue_jobs_are_claimed_again_and_finished_ones_never(store: SqlStore) -> None:
+    interrupted = put_in(store, S.INTERRUPTED)
+    done = put_in(store, S.SUCCEEDED)
+    cancelled = put_in(store, S.CANCELLED)
+    assert store.claim_job("w9", 60).id == interrupted
+    assert store.claim_job("w9", 60) is None
+    for job_id, status in ((done, "succeeded"), (cancelled, "cancelled")):
+        with pytest.raises(IllegalTransition, match=f"is {status}"):
+            store.claim_job("w9", 60, job_id=job_id)
+
+
+def test_concurrent_claimers_never_share_a_job(db_url: str) -> None:
+    stores = [SqlStore(db_url) for _ in range(2)]
+    try:
+        jobs = [stores[0].create_job(make_spec(f"j{i}")) for i in range(12)]
+        got: dict[str, list[int]] = {f"w{i}": [] for i in range(4)}
+        lock = threading.Lock()
+
+        def claimer(store: SqlStore, worker: str):
+            def run() -> None:
+                while (job := store.claim_job(worker, 60)) is not None:
+                    with lock:
+                        got[worker].append(job.id)
+            return run
+
+        errors = run_threads([claimer(stores[i % 2], w) for i, w in enumerate(got)])
+        assert errors == []
+        claimed = [j for ids in got.values() for j in ids]
+        assert sorted(claimed) == jobs  # every job exactly once
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_stop_budget_and_best_are_live(store: SqlStore) -> None:
+    job_id = put_in(store, S.RUNNING)
+    assert store.set_budget(job_id, max_trials=3, gpu_hours=2.5).max_trials == 3
+    assert store.get_job(job_id).gpu_hours == 2.5
+    assert store.events(job_id)[-1].event.kind == "budget"
+    for bad in ({"max_trials": 0}, {"max_trials": True}, {"gpu_hours": -1.0}, {"gpu_hours": float("inf")}):
+        with pytest.raises(ValueError):
+            store.set_budget(job_id, **bad)
+    stopping = store.transition(job_id, S.STOPPING, reason="enough")
+    assert stopping.status is S.STOPPING and stopping.stop_reason == "enough"
+    store.transition(job_id, S.SUCCEEDED, reason="stopped on request", worker="w1")
+    with pytest.raises(LifecycleError, match="can no longer change"):
+        store.set_budget(job_id, max_trials=9)
+
+
+def test_trial_attempts_and_lost_trials(store: SqlStore) -> None:
+    job_id = put_in(store, S.RUNNING)
+    trial = store.start_trial(job_id, 1, Strategy(), worker="w1")
+    assert trial.attempts == 0
+    assert store.begin_attempt(trial.id, worker="w1").attempts == 1
+    assert store.begin_attempt(trial.id, worker="w1").attempts == 2
+    lost = store.lose_trial(trial.id, "worker died twice", worker="w1")
+    assert lost.status is TrialStatus.LOST and lost.failure.summary == "lost: worker died twice"
+    assert store.lose_trial(trial.id, "again", worker="w1") == lost  # no-op on a lost trial
+    with pytest.raises(ValueError, match="only a running trial"):
+        store.begin_attempt(trial.id, worker="w1")
+    with pytest.raises(ValueError, match="ok or failed"):
+        store.finish_trial(trial.id, status=TrialStatus.LOST)
+    assert store.workload_trials(make_spec().workload.key()) == []  # a lost trial teaches nothing
+
+
+def test_idempotency_key_returns_the_same_job(store: SqlStore) -> None:
+    a = store.create_job(make_spec("x"), idempotency_key="key-1")
+    assert store.create_job(make_spec("x"), idempotency_key="key-1") == a
+    assert store.create_job(make_spec("x"), idempotency_key="key-2") != a
+    with pytest.raises(IdempotencyConflict, match="different spec"):
+        store.create_job(make_spec("y"), idempotency_key="key-1")
+    assert len(store.list_jobs()) == 2
+
+
+def test_racing_submissions_with_one_key_make_one_job(db_url: str) -> None:
+    stores = [SqlStore(db_url) for _ in range(2)]
+    try:
+        ids: list[int] = []
+        errors = run_threads([lambda s=stores[i % 2]: ids.append(s.create_job(make_spec(), idempotency_key="k"))
+                              for i in range(6)])
+        assert errors == [] and len(set(ids)) == 1 and len(stores[0].list_jobs()) == 1
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_tokens_store_only_a_hash(store: SqlStore) -> None:
+    record, token = store.create_token("ci", "write")
+    assert token.startswith("optico_w_") and len(token) > 40 and record.can_write
+    assert store.authenticate(token) == store.authenticate(token)
+    assert store.authenticate(token).name == "ci"
+    assert store.authenticate(token + "x") is None and store.authenticate("") is None
+    _, reader = store.create_token("dash", "read")
+    assert not store.authenticate(reader).can_write
+    with store.engine.connect() as conn:
+        stored = " ".join(str(v) for row in conn.execute(select(TokenRow)).all() for v in row)
+    assert token not in stored and reader not in stored
+    with pytest.raises(ValueError, match="exists"):
+        store.create_token("ci", "read")
+    with pytest.raises(ValueError, match="scope"):
+        store.create_token("admin", "root")
+    assert store.revoke_token("ci").revoked_at is not None
+    assert store.authenticate(token) is None
+    assert [t.name for t in store.tokens()] == ["ci", "dash"]
+
+
+def test_secrets_are_redacted_before_they_are_stored(store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = "sk-live-very-secret-value-123456"
+    monkeypatch.setenv("OPTICO_LLM_API_KEY", key)
+    spec = make_spec()
+    spec = spec.model_copy(update={"launcher": spec.launcher.model_copy(
+        update={"env": {"WANDB_API_KEY": "wandb-secret-987654", "NCCL_DEBUG": "INFO"}})})
+    job_id = store.create_job(spec)
+    job = store.get_job(job_id)
+    assert job.spec.launcher.env == {"WANDB_API_KEY": "***", "NCCL_DEBUG": "INFO"}
+    store.claim_job("w", 60, job_id=job_id)
+    trial = store.start_trial(job_id, 1, Strategy(), rationale=f"key is {key}", worker="w")
+    done = store.finish_trial(trial.id, status=TrialStatus.FAILED, log_excerpt=f"env: OPTICO_LLM_API_KEY={key}\n"
+                              f"WANDB_API_KEY=wandb-secret-987654", worker="w")
+    store.add_message(job_id, 1, "failure", "diagnosis", {"answer": f"the key {key} leaked"}, key, worker="w")
+    with store.engine.connect() as conn:
+        dump = "\n".join(str(row) for table in ("optico_jobs", "optico_trials", "optico_messages", "optico_events")
+                         for row in conn.execute(text(f"SELECT * FROM {table}")).all())
+    assert key not in dump and "wandb-secret-987654" not in dump
+    assert "***" in done.log_excerpt and "***" in store.get_trial(trial.id).rationale
+
+
+def test_service_stats_count_in_sql(store: SqlStore) -> None:
+    job_id = put_in(store, S.RUNNING)
+    put_in(store, S.QUEUED)
+    trial = store.start_trial(job_id, 1, Strategy(), worker="w1")
+    store.finish_trial(trial.id, status=TrialStatus.OK, metrics=METRICS, wall_seconds=42.0, worker="w1")
+    store.add_message(job_id, 1, "analysis", "llm_call", {"prompt_tokens": 100, "completion_tokens": 20,
+                                                          "cost_usd": 0.5}, worker="w1")
+    store.add_message(job_id, 1, "analysis", "llm_call", {"prompt_tokens": 110, "completion_tokens": 25,
+                                                          "cost_usd": 0.75}, worker="w1")  # replaces, not adds
+    stats = store.service_stats()
+    assert stats["jobs"] == {"running": 1, "queued": 1}
+    assert stats["trials"] == {"ok": 1}
+    assert stats["trial_seconds"]["count"] == 1 and stats["trial_seconds"]["sum"] == 42.0
+    assert stats["trial_seconds"]["buckets"][60.0] == 1 and stats["trial_seconds"]["buckets"][10.0] == 0
+    assert stats["llm"] == {"prompt_tokens": 110, "completion_tokens": 25, "cost_usd": 0.75}
+
+
+def test_db_now_is_the_database_clock(store: SqlStore) -> None:
+    now = store.db_now()
+    assert now.tzinfo is not None and abs(now - datetime.now(timezone.utc)) < timedelta(minutes=5)

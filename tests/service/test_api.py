@@ -1,0 +1,263 @@
+"""The REST API over real HTTP against a real `optico serve` process, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import yaml
+from service_testkit import Service, client, spec, sse_events, wait_for
+
+
+def submit(http: httpx.Client, body: dict, **headers: str) -> httpx.Response:
+    return http.post("/api/v1/jobs", json=body, headers=headers)
+
+
+def test_submit_follow_the_stream_to_the_end_and_read_the_report(served: tuple[Service, dict[str, str]]):
+    service, tokens = served
+    http = client(service, tokens["write"])
+    created = submit(http, spec("live", max_trials=4))
+    assert created.status_code == 201, created.text
+    job = created.json()
+    assert job["status"] in ("queued", "running") and job["max_trials"] == 4 and created.headers["location"].endswith(
+        f"/api/v1/jobs/{job['id']}")
+
+    seen: list[tuple[int, str]] = []
+    with http.stream("GET", f"/api/v1/jobs/{job['id']}/events", timeout=120) as stream:
+        assert stream.status_code == 200 and stream.headers["content-type"].startswith("text/event-stream")
+        for event_id, kind, data in sse_events(stream):
+            seen.append((int(event_id), kind))
+            if kind == "end":
+                assert data == {"status": "succeeded"}
+                break
+    ids = [i for i, kind in seen if kind != "end"]
+    assert ids == list(range(1, len(ids) + 1)), "every event once, in order"
+    kinds = [k for _, k in seen]
+    assert kinds.count("trial_started") == 4 and kinds.count("trial_done") == 4
+    assert kinds[-2:] == ["job_done", "end"] and "lease" in kinds and "agent" in kinds
+
+    final = http.get(f"/api/v1/jobs/{job['id']}").json()
+    assert final["status"] == "succeeded" and final["trials"] == 4 and final["lease"] is None
+    assert final["best"]["megatron_args"][0] == "--tensor-model-parallel-size"
+    trials = http.get(f"/api/v1/jobs/{job['id']}/trials").json()
+    assert [t["index"] for t in trials] == [1, 2, 3, 4]
+    assert [t["index"] for t in http.get(f"/api/v1/jobs/{job['id']}/trials", params={"after": 2}).json()] == [3, 4]
+    messages = http.get(f"/api/v1/jobs/{job['id']}/messages").json()
+    assert {m["agent"] for m in messages} >= {"seed", "validation", "analysis", "generation", "guard"}
+    later = http.get(f"/api/v1/jobs/{job['id']}/messages", params={"after": messages[2]["id"]}).json()
+    assert [m["id"] for m in later] == [m["id"] for m in messages if m["id"] > messages[2]["id"]]
+
+    report = http.get(f"/api/v1/jobs/{job['id']}/report", params={"tokens": 1e12}).json()
+    assert report["best"]["flags"][0].startswith("--tensor-model-parallel-size")
+    assert report["path"][0]["trial"] == 1 and report["gpu_hours_spent"] > 0
+    assert report["savings"]["gpu_hours_saved"] == pytest.approx(
+        report["savings"]["gpu_hours_baseline"] - report["savings"]["gpu_hours_best"])
+    assert "torchrun" in report["launch_script"]
+    markdown = http.get(f"/api/v1/jobs/{job['id']}/report", params={"format": "markdown"})
+    assert markdown.headers["content-type"].startswith("text/markdown")
+    assert markdown.text.startswith(f"# OptiCo job {job['id']}: live") and "## Launch script" in markdown.text
+
+
+def test_a_dropped_stream_resumes_with_last_event_id(served: tuple[Service, dict[str, str]]):
+    service, tokens = served
+    http = client(service, tokens["write"])
+    job = submit(http, spec("resume-stream", max_trials=3)).json()
+    first: list[int] = []
+    with http.stream("GET", f"/api/v1/jobs/{job['id']}/events") as stream:
+        for event_id, kind, _ in sse_events(stream):
+            first.append(int(event_id))
+            if kind == "trial_done":
+                break  # the connection drops here
+    rest: list[int] = []
+    with http.stream("GET", f"/api/v1/jobs/{job['id']}/events",
+                     headers={"Last-Event-ID": str(first[-1])}, timeout=120) as stream:
+        for event_id, kind, _ in sse_events(stream):
+            if kind == "end":
+                break
+            rest.append(int(event_id))
+    assert first + rest == list(range(1, len(first) + len(rest) + 1))
+    replay = []
+    with http.stream("GET", f"/api/v1/jobs/{job['id']}/events", params={"after": 0}) as stream:
+        replay = [int(i) for i, kind, _ in sse_events(stream) if kind != "end"]
+    assert replay == first + rest
+
+
+def test_yaml_bodies_idempotency_and_listing(served: tuple[Service, dict[str, str]]):
+    service, tokens = served
+    http = client(service, tokens["write"])
+    body = yaml.safe_dump(spec("from-yaml", max_trials=1))
+    made = http.post("/api/v1/jobs", content=body, headers={"Content-Type": "application/yaml",
+                                                            "Idempotency-Key": "same-key"})
+    assert made.status_code == 201, made.text
+    again = http.post("/api/v1/jobs", content=body, headers={"Content-Type": "application/yaml",
+                                                             "Idempotency-Key": "same-key"})
+    assert again.status_code == 200 and again.json()["id"] == made.json()["id"]
+    other = submit(http, spec("different", max_trials=1), **{"Idempotency-Key": "same-key"})
+    assert other.status_code == 409 and "different spec" in other.json()["detail"]
+    ids = [made.json()["id"]]
+    for i in range(4):
+        response = submit(http, spec(f"page-{i}", max_trials=1))
+        assert response.status_code == 201
+        ids.append(response.json()["id"])
+    page = http.get("/api/v1/jobs", params={"limit": 2, "name": "page-"}).json()
+    assert [j["name"] for j in page["items"]] == ["page-3", "page-2"] and page["next_cursor"]
+    page2 = http.get("/api/v1/jobs", params={"limit": 2, "name": "page-", "cursor": page["next_cursor"]}).json()
+    assert [j["name"] for j in page2["items"]] == ["page-1", "page-0"] and page2["next_cursor"] is None
+    wait_for(lambda: all(http.get(f"/api/v1/jobs/{i}").json()["status"] == "succeeded" for i in ids),
+             what="the five jobs succeeded")
+    succeeded = {j["id"] for j in http.get("/api/v1/jobs", params={"status": "succeeded", "limit": 500}).json()["items"]}
+    assert set(ids) <= succeeded
+    assert not {j["id"] for j in http.get("/api/v1/jobs", params={"status": "queued"}).json()["items"]} & set(ids)
+
+
+def test_stop_cancel_resume_and_budget_over_http(served: tuple[Service, dict[str, str]]):
+    service, tokens = served
+    http = client(service, tokens["write"])
+    # A long trial: cancel kills it through the launcher, records it lost, and the job ends cancelled.
+    slow = submit(http, spec("slow", max_trials=5, trial_seconds=60)).json()
+    wait_for(lambda: http.get(f"/api/v1/jobs/{slow['id']}/trials").json(), what="a running trial")
+    cancelled = http.post(f"/api/v1/jobs/{slow['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    trials = wait_for(lambda: [t for t in http.get(f"/api/v1/jobs/{slow['id']}/trials").json()
+                               if t["status"] == "lost"], timeout=30, what="the killed trial recorded lost")
+    assert trials[0]["failure"]["summary"].startswith("lost: the job was cancelled")
+    wait_for(lambda: http.get(f"/api/v1/jobs/{slow['id']}").json()["lease"] is None, timeout=30,
+             what="the worker released the job")
+    again = http.post(f"/api/v1/jobs/{slow['id']}/stop")
+    assert again.status_code == 409 and "is cancelled" in again.json()["detail"]
+
+    # Stop: the running trial finishes, no new one starts; the budget is raised while it runs.
+    job = submit(http, spec("stoppable", max_trials=3, trial_seconds=1.5)).json()
+    wait_for(lambda: http.get(f"/api/v1/jobs/{job['id']}").json()["status"] == "running", what="running")
+    patched = http.patch(f"/api/v1/jobs/{job['id']}", json={"max_trials": 6})
+    assert patched.status_code == 200 and patched.json()["max_trials"] == 6
+    assert http.patch(f"/api/v1/jobs/{job['id']}", json={"max_trials": 0}).status_code == 422
+    assert http.patch(f"/api/v1/jobs/{job['id']}", json={"max_trails": 3}).status_code == 422
+    wait_for(lambda: len(http.get(f"/api/v1/jobs/{job['id']}/trials").json()) >= 2, what="trial 2")
+    assert http.post(f"/api/v1/jobs/{job['id']}/stop").json()["status"] == "stopping"
+    final = wait_for(lambda: (j := http.get(f"/api/v1/jobs/{job['id']}").json())["status"] == "succeeded" and j,
+                     what="stopped job succeeded")
+    assert final["stop_reason"].startswith("stopped on request") and 2 <= final["trials"] <= 3
+    assert all(t["status"] == "ok" for t in http.get(f"/api/v1/jobs/{job['id']}/trials").json())
+    assert http.post(f"/api/v1/jobs/{job['id']}/resume").status_code == 409
+    assert http.patch(f"/api/v1/jobs/{job['id']}", json={"max_trials": 9}).status_code == 409
+
+
+def _api_routes(service: Service) -> list[tuple[str, str]]:
+    schema = httpx.get(f"{service.url}/openapi.json").json()
+    return [(method.upper(), path.replace("{job_id}", "1")) for path, item in schema["paths"].items()
+            if path.startswith("/api/") for method in item]
+
+
+def test_every_api_endpoint_needs_a_token_and_writes_need_write_scope(served: tuple[Service, dict[str, str]]):
+    service, tokens = served
+    client(service, tokens["write"]).post("/api/v1/jobs", json=spec("target", max_trials=1))
+    routes = _api_routes(service)
+    assert len(routes) >= 10
+    anonymous, forged, reader = client(service, None), client(service, "optico_w_forged"), client(service, tokens["read"])
+    for method, path in routes:
+        for http in (anonymous, forged):
+            response = http.request(method, path, json={})
+            assert response.status_code == 401, (method, path, response.status_code)
+            assert response.headers["www-authenticate"] == "Bearer"
+        response = reader.request(method, path, json={}, params={"format": "json"})
+        if method == "GET":
+            assert response.status_code in (200, 404), (method, path, response.text)
+        else:
+            assert response.status_code == 403, (method, path, response.status_code)
+    assert anonymous.get("/healthz").status_code == 200 and anonymous.get("/metrics").status_code == 200
+
+
+def test_health_and_metrics_can_require_a_token(make_service, tokens: dict[str, str]):
+    closed = make_service(OPTICO_OPEN_HEALTH="false", OPTICO_OPEN_METRICS="false", OPTICO_WORKERS="0").start
+    service = closed()
+    assert httpx.get(f"{service.url}/metrics").status_code == 401
+    assert httpx.get(f"{service.url}/readyz").status_code == 401
+    reader = client(service, tokens["read"])
+    assert reader.get("/readyz").json() == {"status": "ready"}
+    text = reader.get("/metrics").text
+    for name in ("optico_jobs{", "optico_trials_total{", "optico_trial_duration_seconds_bucket",
+                 "optico_llm_tokens_total{", "optico_llm_cost_usd_total", "optico_lease_takeovers_total"):
+        assert name in text, name
+
+
+BAD_BODIES = [
+    ({}, "workload"),
+    ([], "body"),
+    ({"name": "x", "workload": {"model": "llama3-8b"}}, "workload.cluster"),
+    ({**spec(), "nme": "typo"}, "nme"),
+    ({**spec(), "workload": {**spec()["workload"], "model": "llama-99b"}}, "workload.model"),
+    ({**spec(), "workload": {**spec()["workload"], "cluster": {"gpu": "tpu-v9", "gpus_per_node": 8}}},
+     "workload.cluster"),
+    ({**spec(), "workload": {**spec()["workload"], "cluster": {"gpu": "a100-80gb", "gpus_per_node": 0}}},
+     "workload.cluster"),
+    ({**spec(), "workload": {**spec()["workload"], "seq_length": "long"}}, "workload.seq_length"),
+    ({**spec(), "workload": {**spec()["workload"], "global_batch_size": 0}}, "workload.global_batch_size"),
+    ({**spec(), "workload": {**spec()["workload"], "precision": "fp64"}}, "workload.precision"),
+    ({**spec(), "search_space": {"tunables": ["warp_speed"]}}, "search_space"),
+    ({**spec(), "search_space": {"fixed": {"warp_speed": 1}}}, "search_space"),
+    ({**spec(), "search_space": {"tunables": ["tp"], "frozen": {}}}, "search_space.frozen"),
+    ({**spec(), "baseline": {"tensor_model_parallel_size": 3}}, "baseline"),
+    ({**spec(), "budget": {"max_trials": 0}}, "budget.max_trials"),
+    ({**spec(), "budget": {"target_mfu": 2}}, "budget.target_mfu"),
+    ({**spec(), "budget": {"gpu_hours": -1}}, "budget.gpu_hours"),
+    ({**spec(), "launcher": {"kind": "slurm"}}, "launcher.kind"),
+    ({**spec(), "launcher": {"kind": "sim", "noise": 5}}, "launcher.noise"),
+    ({**spec(), "launcher": {"kind": "sim", "pass_env": ["OPTICO_LLM_API_KEY"]}}, "launcher.pass_env"),
+    ({**spec(), "launcher": {"kind": "replay", "data": "/etc/passwd"}}, "launcher.data"),
+    ({**spec(), "launcher": {"kind": "replay", "data": "../../etc/passwd"}}, "launcher.data"),
+    ({**spec(), "calibration": "/etc/shadow"}, "calibration"),
+    ({**spec(), "launcher": {"kind": "local", "program": {"kind": "megatron-lm", "command": ["rm", "-rf", "/"]}}},
+     "launcher.program"),
+    ({**spec(), "reasoner": "magic"}, "reasoner"),
+    ({**spec(), "seed": "x"}, "seed"),
+]
+
+
+def test_bad_bodies_get_422_naming_the_field(served: tuple[Service, dict[str, str]]):
+    service, tokens = served
+    http = client(service, tokens["write"])
+    before = [j["id"] for j in http.get("/api/v1/jobs").json()["items"]]
+    for body, field in BAD_BODIES:
+        response = submit(http, body)
+        assert response.status_code == 422, (field, response.status_code, response.text)
+        detail = response.json()["detail"][0]
+        assert detail["loc"][0] == "body" and field in ".".join(map(str, detail["loc"])), (field, detail)
+        assert detail["msg"], field
+    raw = [(b"{", "application/json"), (b"\xff\xfe\x00", "application/json"), (b"name: [unclosed", "application/yaml"),
+           (("[" * 200 + "]" * 200).encode(), "application/json"),
+           (b"<html></html>", "text/html")]
+    for content, kind in raw:
+        response = http.post("/api/v1/jobs", content=content, headers={"Content-Type": kind})
+        assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body"], response.text
+    assert len(BAD_BODIES) + len(raw) >= 20
+    assert [j["id"] for j in http.get("/api/v1/jobs").json()["items"]] == before  # nothing was written
+
+
+def test_large_bodies_get_413(make_service, tokens: dict[str, str]):
+    service = make_service(OPTICO_MAX_BODY_BYTES="4096", OPTICO_WORKERS="0").start()
+    http = client(service, tokens["write"])
+    big = {**spec(), "name": "x" * 10_000}
+    assert submit(http, big).status_code == 413
+    assert submit(http, spec("small", max_trials=1)).status_code == 201
+
+
+def test_unknown_jobs_are_404(served: tuple[Service, dict[str, str]]):
+    service, tokens = served
+    http = client(service, tokens["read"])
+    for path in ("/api/v1/jobs/999", "/api/v1/jobs/999/trials", "/api/v1/jobs/999/report",
+                 "/api/v1/jobs/999/events", "/api/v1/jobs/999/messages"):
+        response = http.get(path)
+        assert response.status_code == 404 and response.json()["detail"] == "no job 999", path
+
+
+def test_a_non_loopback_host_needs_a_token_to_exist(tmp_path):
+    import subprocess
+    import sys
+
+    env = {"OPTICO_DATABASE_URL": f"sqlite:///{tmp_path / 'empty.db'}", "OPTICO_HOME": str(tmp_path), "PATH": "/usr/bin"}
+    done = subprocess.run([sys.executable, "-m", "optico.cli", "serve", "--host", "0.0.0.0", "--port", "1"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no API token exists" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
