@@ -34,7 +34,7 @@ from typing import Any
 
 from optico.events import JobEvent
 from optico.pool.lifecycle import JobStatus
-from optico.pool.records import AgentMessage, JobRecord, StoredEvent, TokenRecord
+from optico.pool.records import AgentMessage, JobRecord, JobStats, StoredEvent, TokenRecord
 from optico.spec import JobSpec
 from optico.strategy import Strategy
 from optico.trial import Failure, Metrics, Trial, TrialStatus
@@ -75,6 +75,11 @@ class Store(ABC):
                   name: str | None = None, before_id: int | None = None) -> list[JobRecord]:
         """Up to `limit` jobs, newest first, filtered by status, workload key and name (a substring);
         `before_id` pages: only jobs with a smaller id."""
+
+    @abstractmethod
+    def job_stats(self, job_ids: list[int]) -> dict[int, JobStats]:
+        """Trial counts, GPU-seconds and the best trial of each job, in a constant number of queries
+        (a list page of many jobs stays fast). Unknown ids are left out."""
 
     @abstractmethod
     def db_now(self) -> datetime:

@@ -129,11 +129,18 @@ def _sqlite_on_begin(conn: Any) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
+def _sqlite_on_begin_read(conn: Any) -> None:
+    # A deferred BEGIN: in WAL mode a reader sees a consistent snapshot and never waits for a writer.
+    conn.exec_driver_sql("BEGIN")
+
+
+def make_engine(url: str | URL | None = None, *, readonly: bool = False, **kwargs: Any) -> Engine:
     """An Engine configured for the pool: safe to share between threads.
 
     SQLite: WAL, busy timeout, foreign keys on, `check_same_thread=False` (the engine's
-    pool hands connections to whichever thread asks), writers queue via BEGIN IMMEDIATE.
+    pool hands connections to whichever thread asks), writers queue via BEGIN IMMEDIATE;
+    with `readonly=True` transactions start deferred instead, so readers (the API, the
+    dashboard) never queue behind the workers' writes (they must not write).
     PostgreSQL: psycopg 3, connections checked before use (a restarted server is survived).
     Extra keyword arguments go to `create_engine`."""
     parsed = normalize_url(url or default_database_url())
@@ -147,7 +154,7 @@ def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
             Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(parsed, connect_args=connect_args, **kwargs)
         event.listen(engine, "connect", _sqlite_on_connect)
-        event.listen(engine, "begin", _sqlite_on_begin)
+        event.listen(engine, "begin", _sqlite_on_begin_read if readonly else _sqlite_on_begin)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(parsed, **kwargs)

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from optico.events import JobEvent
 from optico.pool.lifecycle import JobStatus
 from optico.spec import JobSpec
+from optico.trial import Trial
 
-__all__ = ["AgentMessage", "JobRecord", "JobStatus", "StoredEvent", "TokenRecord", "as_utc"]
+__all__ = ["AgentMessage", "JobRecord", "JobStats", "JobStatus", "StoredEvent", "TokenRecord", "as_utc"]
 
 
 def as_utc(value: datetime) -> datetime:
@@ -59,6 +60,19 @@ class JobRecord(_Record):
     def lease_live(self, now: datetime) -> bool:
         """A worker holds the job and its lease has not expired at `now` (the database clock)."""
         return self.lease_owner is not None and self.lease_expires_at is not None and self.lease_expires_at > now
+
+
+class JobStats(_Record):
+    """A job's trial counts and best trial, computed in SQL for a whole page of jobs at once."""
+
+    job_id: int
+    trials: int = 0
+    ok: int = 0
+    failed: int = 0
+    lost: int = 0
+    running: int = 0
+    gpu_seconds: float = 0.0
+    best: Trial | None = None
 
 
 class AgentMessage(_Record):

@@ -34,7 +34,7 @@ from optico.pool.lifecycle import (
     check_transition,
 )
 from optico.pool.models import Base, EventRow, JobRow, MessageRow, TokenRow, TrialRow, WorkloadRow
-from optico.pool.records import AgentMessage, JobRecord, StoredEvent, TokenRecord, as_utc
+from optico.pool.records import AgentMessage, JobRecord, JobStats, StoredEvent, TokenRecord, as_utc
 from optico.spec import JobSpec
 from optico.strategy import Strategy
 from optico.trial import Failure, FailureCategory, Metrics, Trial, TrialStatus
@@ -156,8 +156,13 @@ class SqlStore(Store):
             raise
         # expire_on_commit=False: rows become frozen objects inside the transaction anyway.
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
-        self._closed = False
         self._postgres = self._engine.dialect.name == "postgresql"
+        # SQLite: reads get their own engine with deferred transactions (see make_engine); PostgreSQL's
+        # MVCC readers never wait for writers anyway.
+        self._read_engine = self._engine if self._postgres or ":memory:" in self.url \
+            else make_engine(self.url, readonly=True)
+        self._read_sessions = sessionmaker(self._read_engine, expire_on_commit=False)
+        self._closed = False
 
     @property
     def engine(self) -> Engine:
@@ -165,12 +170,13 @@ class SqlStore(Store):
         return self._engine
 
     @contextmanager
-    def _session(self) -> Iterator[Session]:
+    def _session(self, *, read: bool = False) -> Iterator[Session]:
         """The one transaction helper: commit at the end, roll back and re-raise on any error
-        (database errors as StoreError), always close."""
+        (database errors as StoreError), always close. `read=True`: a read-only transaction that
+        never waits for writers (it must not write)."""
         if self._closed:
             raise StoreError("the store is closed")
-        session = self._sessions()
+        session = (self._read_sessions if read else self._sessions)()
         try:
             yield session
             session.commit()
@@ -268,11 +274,11 @@ class SqlStore(Store):
         return row.id
 
     def job_id_for_key(self, idempotency_key: str) -> int | None:
-        with self._session() as s:
+        with self._session(read=True) as s:
             return s.scalars(select(JobRow.id).where(JobRow.idempotency_key == idempotency_key)).first()
 
     def get_job(self, job_id: int) -> JobRecord:
-        with self._session() as s:
+        with self._session(read=True) as s:
             return _job(self._job_row(s, job_id))
 
     def list_jobs(self, limit: int = 50, *, status: JobStatus | None = None, workload_key: str | None = None,
@@ -286,11 +292,29 @@ class SqlStore(Store):
             query = query.where(JobRow.name.contains(name, autoescape=True))
         if before_id is not None:
             query = query.where(JobRow.id < before_id)
-        with self._session() as s:
+        with self._session(read=True) as s:
             return [_job(r) for r in s.scalars(query)]
 
+    def job_stats(self, job_ids: list[int]) -> dict[int, JobStats]:
+        if not job_ids:
+            return {}
+        counts = [func.coalesce(func.sum(case((TrialRow.status == st.value, 1), else_=0)), 0)
+                  for st in (TrialStatus.OK, TrialStatus.FAILED, TrialStatus.LOST, TrialStatus.RUNNING)]
+        with self._session(read=True) as s:
+            rows = s.execute(select(TrialRow.job_id, func.count(), func.coalesce(func.sum(TrialRow.gpu_seconds), 0.0),
+                                    *counts).where(TrialRow.job_id.in_(job_ids)).group_by(TrialRow.job_id)).all()
+            best_ids = s.execute(select(JobRow.id, JobRow.best_trial_id).where(JobRow.id.in_(job_ids))).all()
+            wanted = [b for _, b in best_ids if b is not None]
+            best = {r.job_id: _trial(r) for r in s.scalars(select(TrialRow).where(TrialRow.id.in_(wanted)))} \
+                if wanted else {}
+        stats = {job_id: JobStats(job_id=job_id, best=best.get(job_id)) for job_id, _ in best_ids}
+        for job_id, total, gpu_seconds, ok, failed, lost, running in rows:
+            stats[job_id] = JobStats(job_id=job_id, trials=int(total), ok=int(ok), failed=int(failed), lost=int(lost),
+                                     running=int(running), gpu_seconds=float(gpu_seconds), best=best.get(job_id))
+        return stats
+
     def db_now(self) -> datetime:
-        with self._session() as s:
+        with self._session(read=True) as s:
             return self._now(s)
 
     # -- the lifecycle ---------------------------------------------------------------------
@@ -496,11 +520,11 @@ class SqlStore(Store):
             return _trial(row)
 
     def get_trial(self, trial_id: int) -> Trial:
-        with self._session() as s:
+        with self._session(read=True) as s:
             return _trial(_trial_or_raise(s, trial_id))
 
     def trials(self, job_id: int, *, after_index: int = 0) -> list[Trial]:
-        with self._session() as s:
+        with self._session(read=True) as s:
             self._job_row(s, job_id)
             rows = s.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.index > after_index)
                              .order_by(TrialRow.index))
@@ -512,7 +536,7 @@ class SqlStore(Store):
                  .order_by(TrialRow.job_id, TrialRow.index))
         if exclude_job is not None:
             query = query.where(TrialRow.job_id != exclude_job)
-        with self._session() as s:
+        with self._session(read=True) as s:
             return [_trial(r) for r in s.scalars(query)]
 
     # -- the message pool and the event log ---------------------------------------------------
@@ -541,7 +565,7 @@ class SqlStore(Store):
         query = select(MessageRow).where(MessageRow.job_id == job_id, MessageRow.id > after_id)
         if iteration is not None:
             query = query.where(MessageRow.iteration == iteration)
-        with self._session() as s:
+        with self._session(read=True) as s:
             self._job_row(s, job_id)
             return [_message(r) for r in s.scalars(query.order_by(MessageRow.iteration, MessageRow.id))]
 
@@ -556,7 +580,7 @@ class SqlStore(Store):
         query = select(EventRow).where(EventRow.job_id == job_id, EventRow.seq > after).order_by(EventRow.seq)
         if limit is not None:
             query = query.limit(max(0, int(limit)))
-        with self._session() as s:
+        with self._session(read=True) as s:
             self._job_row(s, job_id)
             return [_event(r) for r in s.scalars(query)]
 
@@ -582,19 +606,22 @@ class SqlStore(Store):
     def authenticate(self, token: str) -> TokenRecord | None:
         if not token or len(token) > 256:
             return None
-        with self._session() as s:
-            row = s.scalars(select(TokenRow).where(TokenRow.token_hash == _token_hash(token))).first()
+        digest = _token_hash(token)
+        with self._session(read=True) as s:  # every request authenticates: a read that never queues
+            row = s.scalars(select(TokenRow).where(TokenRow.token_hash == digest)).first()
             if row is None or row.revoked_at is not None:
                 return None
             now = self._now(s)
-            last = as_utc(row.last_used_at) if row.last_used_at is not None else None
-            if last is None or (now - last).total_seconds() > TOKEN_TOUCH_S:
-                row.last_used_at = self._stamp(now)
-                s.flush()
-            return _token(row)
+            record = _token(row)
+        last = record.last_used_at
+        if last is None or (now - last).total_seconds() > TOKEN_TOUCH_S:
+            with self._session() as s:  # "last used" is written at most once a minute per token
+                s.execute(update(TokenRow).where(TokenRow.id == record.id).values(last_used_at=self._stamp(now)))
+            record = record.model_copy(update={"last_used_at": now})
+        return record
 
     def tokens(self) -> list[TokenRecord]:
-        with self._session() as s:
+        with self._session(read=True) as s:
             return [_token(r) for r in s.scalars(select(TokenRow).order_by(TokenRow.id))]
 
     def revoke_token(self, name: str) -> TokenRecord:
@@ -609,7 +636,7 @@ class SqlStore(Store):
 
     # -- service figures --------------------------------------------------------------------
     def service_stats(self) -> dict[str, Any]:
-        with self._session() as s:
+        with self._session(read=True) as s:
             jobs = dict(s.execute(select(JobRow.status, func.count()).group_by(JobRow.status)).all())
             trials = dict(s.execute(select(TrialRow.status, func.count()).group_by(TrialRow.status)).all())
             timed = TrialRow.wall_seconds.is_not(None)
@@ -634,6 +661,7 @@ class SqlStore(Store):
         if not self._closed:
             self._closed = True
             self._engine.dispose()
+            self._read_engine.dispose()
 
     def __repr__(self) -> str:
         return f"SqlStore({self._engine.url.render_as_string(hide_password=True)!r})"

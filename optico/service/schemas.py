@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from optico.pool.records import AgentMessage, JobRecord, TokenRecord
+from optico.pool.records import AgentMessage, JobRecord, JobStats, TokenRecord
 from optico.trial import Trial
 
 
@@ -105,14 +105,14 @@ class Problem(_Public):
     detail: str
 
 
-def job_view(job: JobRecord, trials: list[Trial]) -> JobView:
-    ok = [t for t in trials if t.metrics is not None and t.status.value == "ok"]
-    best = max(ok, key=lambda t: t.metrics.mfu) if ok else None
+def job_view(job: JobRecord, stats: JobStats | None) -> JobView:
+    stats = stats or JobStats(job_id=job.id)
+    best = stats.best if stats.best is not None and stats.best.metrics is not None else None
     return JobView(
         id=job.id, name=job.name, status=job.status.value, origin=job.origin,
         workload=job.spec.workload.describe(), workload_key=job.workload_key, launcher=job.spec.launcher.kind,
-        trials=len(trials), max_trials=job.max_trials, gpu_hours_budget=job.gpu_hours,
-        gpu_hours_spent=sum(t.gpu_seconds for t in trials) / 3600,
+        trials=stats.trials, max_trials=job.max_trials, gpu_hours_budget=job.gpu_hours,
+        gpu_hours_spent=stats.gpu_seconds / 3600,
         best=None if best is None else BestView(trial=best.index, mfu=best.metrics.mfu,
                                                 tflops_per_gpu=best.metrics.tflops_per_gpu,
                                                 strategy=best.strategy.short(),

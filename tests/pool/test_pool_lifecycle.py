@@ -269,3 +269,19 @@ def test_service_stats_count_in_sql(store: SqlStore) -> None:
 def test_db_now_is_the_database_clock(store: SqlStore) -> None:
     now = store.db_now()
     assert now.tzinfo is not None and abs(now - datetime.now(timezone.utc)) < timedelta(minutes=5)
+
+
+def test_job_stats_count_a_page_of_jobs_in_sql(store: SqlStore) -> None:
+    a, b = put_in(store, S.RUNNING), store.create_job(make_spec("empty"))
+    ok = store.finish_trial(store.start_trial(a, 1, Strategy(), worker="w1").id, status=TrialStatus.OK,
+                            metrics=METRICS, gpu_seconds=3600.0, worker="w1")
+    store.finish_trial(store.start_trial(a, 2, Strategy(micro_batch_size=2), worker="w1").id,
+                       status=TrialStatus.FAILED, gpu_seconds=1800.0, worker="w1")
+    store.start_trial(a, 3, Strategy(micro_batch_size=4), worker="w1")
+    store.set_best_trial(a, ok.id, worker="w1")
+    stats = store.job_stats([a, b, 999])
+    assert set(stats) == {a, b}
+    assert (stats[a].trials, stats[a].ok, stats[a].failed, stats[a].running, stats[a].lost) == (3, 1, 1, 1, 0)
+    assert stats[a].gpu_seconds == 5400.0 and stats[a].best == ok
+    assert stats[b].trials == 0 and stats[b].best is None
+    assert store.job_stats([]) == {}

@@ -79,7 +79,7 @@ async def create_job(request: Request, response: Response, store: StoreDep, sett
         response.status_code = status.HTTP_200_OK
     response.headers["Location"] = f"/api/v1/jobs/{job_id}"
     job = await run_in_threadpool(store.get_job, job_id)
-    return job_view(job, [])
+    return job_view(job, None)
 
 
 def _known_key(store, key: str | None) -> int | None:
@@ -97,14 +97,15 @@ def list_jobs(store: StoreDep, settings: SettingsDep, _: ReadToken,
     limit = min(limit, settings.page_max)
     jobs = store.list_jobs(limit + 1, status=status_, workload_key=workload, name=name, before_id=cursor)
     page = jobs[:limit]
-    return JobPage(items=[job_view(j, store.trials(j.id)) for j in page],
+    stats = store.job_stats([j.id for j in page])
+    return JobPage(items=[job_view(j, stats.get(j.id)) for j in page],
                    next_cursor=page[-1].id if len(jobs) > limit else None)
 
 
 @router.get("/{job_id}", response_model=JobView, responses=ERRORS)
 def get_job(job: JobDep, store: StoreDep, _: ReadToken) -> JobView:
     """One job: status, progress, best so far, lease holder, stop reason."""
-    return job_view(job, store.trials(job.id))
+    return job_view(job, store.job_stats([job.id]).get(job.id))
 
 
 @router.get("/{job_id}/trials", response_model=list[TrialView], responses=ERRORS)
@@ -129,7 +130,7 @@ def _control(store, job_id: int, to: JobStatus, reason: str) -> JobView:
         store.transition(job_id, to, reason=reason)
     except LifecycleError as exc:
         raise _conflict(exc) from None
-    return job_view(store.get_job(job_id), store.trials(job_id))
+    return job_view(store.get_job(job_id), store.job_stats([job_id]).get(job_id))
 
 
 @router.post("/{job_id}/stop", response_model=JobView, responses=ERRORS)
@@ -159,7 +160,7 @@ def patch_job(job: JobDep, body: BudgetPatch, store: StoreDep, _: WriteToken) ->
         store.set_budget(job.id, max_trials=body.max_trials, gpu_hours=body.gpu_hours)
     except LifecycleError as exc:
         raise _conflict(exc) from None
-    return job_view(store.get_job(job.id), store.trials(job.id))
+    return job_view(store.get_job(job.id), store.job_stats([job.id]).get(job.id))
 
 
 @router.get("/{job_id}/report", responses={200: {"content": {"application/json": {}, "text/markdown": {}},
