@@ -9,7 +9,6 @@ import re
 import shlex
 from pathlib import Path
 
-import click
 import pytest
 import typer
 import yaml
@@ -20,11 +19,12 @@ DOCKER = Path(__file__).resolve().parents[1] / "docker"
 OPTICO = typer.main.get_command(app)
 
 
-def parses(group: click.Group, argv: list[str]) -> None:
-    """Resolves `argv` through nested click groups and parses its options, running nothing."""
+def parses(group, argv: list[str]) -> None:
+    """Resolves `argv` through nested command groups (click's, or the click typer vendors) and parses
+    the final command's options, running nothing."""
     command, args = group, list(argv)
-    while isinstance(command, click.Group):
-        name, command, args = command.resolve_command(click.Context(command), args)
+    while hasattr(command, "resolve_command"):
+        name, command, args = command.resolve_command(command.context_class(command), args)
         assert command is not None, f"no command {name!r}"
     command.make_context(command.name or "cmd", args, resilient_parsing=False)
 
