@@ -40,6 +40,9 @@ from optico.strategy import Strategy
 from optico.trial import Failure, Metrics, Trial, TrialStatus
 
 
+SORT_KEYS = ("id", "name", "status", "best_mfu", "created_at", "started_at", "finished_at")
+
+
 class StoreError(RuntimeError):
     """The database itself failed (lost connection, lock timeout, a broken constraint).
 
@@ -75,6 +78,14 @@ class Store(ABC):
                   name: str | None = None, before_id: int | None = None) -> list[JobRecord]:
         """Up to `limit` jobs, newest first, filtered by status, workload key and name (a substring);
         `before_id` pages: only jobs with a smaller id."""
+
+    @abstractmethod
+    def search_jobs(self, *, status: JobStatus | None = None, workload_key: str | None = None,
+                    name: str | None = None, sort: str = "id", descending: bool = True, offset: int = 0,
+                    limit: int = 50) -> tuple[list[JobRecord], int]:
+        """A page of jobs for a table a person sorts and pages (the dashboard): (jobs, total matching).
+        `sort`: one of SORT_KEYS; ties and NULLs (a job without a best trial) go last, then by id.
+        ValueError for an unknown sort key."""
 
     @abstractmethod
     def job_stats(self, job_ids: list[int]) -> dict[int, JobStats]:
@@ -183,6 +194,10 @@ class Store(ABC):
     @abstractmethod
     def events(self, job_id: int, after: int = 0, limit: int | None = None) -> list[StoredEvent]:
         """The job's events with seq > `after`, oldest first."""
+
+    @abstractmethod
+    def last_event_seq(self, job_id: int) -> int:
+        """The seq of the job's newest event (0 if none): where a live view starts following."""
 
     # -- API tokens ---------------------------------------------------------------------------
     @abstractmethod

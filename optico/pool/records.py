@@ -53,6 +53,7 @@ class JobRecord(_Record):
     lease_expires_at: datetime | None = None
     stop_reason: str | None = None
     best_trial_id: int | None = None
+    best_mfu: float | None = Field(None, description="The best trial's MFU (sortable in SQL).")
     max_trials: int = Field(description="The live trial budget (the spec's, unless changed while it runs).")
     gpu_hours: float | None = Field(None, description="The live GPU-hour budget.")
     takeovers: int = Field(0, description="How often another worker took the job over from a dead one.")
@@ -73,6 +74,7 @@ class JobStats(_Record):
     running: int = 0
     gpu_seconds: float = 0.0
     best: Trial | None = None
+    first: Trial | None = Field(None, description="Trial 1: the spec's baseline, or the seed configuration.")
 
 
 class AgentMessage(_Record):

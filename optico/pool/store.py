@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from optico import faults, redact
 from optico.events import BudgetChanged, JobEvent, JobStateChanged, LeaseChanged, parse_event
 from optico.pool import schema
-from optico.pool.contract import IdempotencyConflict, Store, StoreError
+from optico.pool.contract import SORT_KEYS, IdempotencyConflict, Store, StoreError
 from optico.pool.db import default_database_url, make_engine
 from optico.pool.lifecycle import (
     WORKER_ONLY,
@@ -107,7 +107,7 @@ def _job(row: JobRow) -> JobRecord:
         spec=JobSpec.model_validate(row.spec), origin=row.origin, created_at=row.created_at,
         updated_at=row.updated_at, started_at=row.started_at, finished_at=row.finished_at,
         heartbeat_at=row.heartbeat_at, lease_owner=row.lease_owner, lease_expires_at=row.lease_expires_at,
-        stop_reason=row.stop_reason, best_trial_id=row.best_trial_id, max_trials=row.max_trials,
+        stop_reason=row.stop_reason, best_trial_id=row.best_trial_id, best_mfu=row.best_mfu, max_trials=row.max_trials,
         gpu_hours=row.gpu_hours, takeovers=row.takeovers,
     )
 
@@ -295,6 +295,26 @@ class SqlStore(Store):
         with self._session(read=True) as s:
             return [_job(r) for r in s.scalars(query)]
 
+    def search_jobs(self, *, status: JobStatus | None = None, workload_key: str | None = None,
+                    name: str | None = None, sort: str = "id", descending: bool = True, offset: int = 0,
+                    limit: int = 50) -> tuple[list[JobRecord], int]:
+        if sort not in SORT_KEYS:
+            raise ValueError(f"sort: one of {', '.join(SORT_KEYS)}, got {sort!r}")
+        where = []
+        if status is not None:
+            where.append(JobRow.status == JobStatus(status).value)
+        if workload_key is not None:
+            where.append(JobRow.workload_key == workload_key)
+        if name:
+            where.append(JobRow.name.contains(name, autoescape=True))
+        column = getattr(JobRow, sort)
+        order = column.desc() if descending else column.asc()
+        query = (select(JobRow).where(*where).order_by(column.is_(None), order, JobRow.id.desc())
+                 .offset(max(0, int(offset))).limit(max(0, int(limit))))
+        with self._session(read=True) as s:
+            total = s.execute(select(func.count()).select_from(JobRow).where(*where)).scalar_one()
+            return [_job(r) for r in s.scalars(query)], int(total)
+
     def job_stats(self, job_ids: list[int]) -> dict[int, JobStats]:
         if not job_ids:
             return {}
@@ -307,10 +327,14 @@ class SqlStore(Store):
             wanted = [b for _, b in best_ids if b is not None]
             best = {r.job_id: _trial(r) for r in s.scalars(select(TrialRow).where(TrialRow.id.in_(wanted)))} \
                 if wanted else {}
-        stats = {job_id: JobStats(job_id=job_id, best=best.get(job_id)) for job_id, _ in best_ids}
+            first = {r.job_id: _trial(r) for r in s.scalars(
+                select(TrialRow).where(TrialRow.job_id.in_(job_ids), TrialRow.index == 1))}
+        stats = {job_id: JobStats(job_id=job_id, best=best.get(job_id), first=first.get(job_id))
+                 for job_id, _ in best_ids}
         for job_id, total, gpu_seconds, ok, failed, lost, running in rows:
             stats[job_id] = JobStats(job_id=job_id, trials=int(total), ok=int(ok), failed=int(failed), lost=int(lost),
-                                     running=int(running), gpu_seconds=float(gpu_seconds), best=best.get(job_id))
+                                     running=int(running), gpu_seconds=float(gpu_seconds), best=best.get(job_id),
+                                     first=first.get(job_id))
         return stats
 
     def db_now(self) -> datetime:
@@ -441,6 +465,8 @@ class SqlStore(Store):
                 raise ValueError(f"best trial {trial_id} is a trial of job {trial.job_id}, not of job {job_id}")
             if row.best_trial_id != trial_id:
                 row.best_trial_id = trial_id
+            mfu = (trial.metrics or {}).get("mfu")
+            row.best_mfu = float(mfu) if isinstance(mfu, (int, float)) else None
 
     # -- trials ----------------------------------------------------------------------------
     def start_trial(self, job_id: int, index: int, strategy: Strategy, rationale: str = "", *,
@@ -583,6 +609,11 @@ class SqlStore(Store):
         with self._session(read=True) as s:
             self._job_row(s, job_id)
             return [_event(r) for r in s.scalars(query)]
+
+    def last_event_seq(self, job_id: int) -> int:
+        with self._session(read=True) as s:
+            self._job_row(s, job_id)
+            return int(s.execute(select(func.max(EventRow.seq)).where(EventRow.job_id == job_id)).scalar_one() or 0)
 
     # -- API tokens ---------------------------------------------------------------------------
     def create_token(self, name: str, scope: str) -> tuple[TokenRecord, str]:

@@ -11,18 +11,28 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, status
+from pathlib import Path
+
+from fastapi import FastAPI, Request, Response, status
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 
 from optico import __version__
 from optico.pool.contract import StoreError
 from optico.pool.store import SqlStore
 from optico.redact import redact
+from optico.service import dashboard
+from optico.service.dashboard.session import LoginRequired, login_redirect
 from optico.service.routes import events, jobs, ops
 from optico.service.settings import ServiceSettings
 from optico.service.worker import WorkerPool
 
 log = logging.getLogger("optico.service")
+STATIC = Path(__file__).resolve().parent / "dashboard" / "static"
+# Pages load only what this server serves: no CDN, no inline script (data travels in JSON blocks).
+# Plotly inserts <style> elements, hence 'unsafe-inline' for styles only.
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+       "connect-src 'self'; font-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 
 DESCRIPTION = """Tune Megatron training configurations as a shared service.
 
@@ -55,6 +65,22 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(ops.router)
+    app.include_router(dashboard.router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.exception_handler(LoginRequired)
+    async def to_login(_: Request, exc: LoginRequired) -> Response:
+        return login_redirect(exc)
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature
+        response = await call_next(request)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        if response.headers.get("content-type", "").startswith("text/html"):
+            response.headers.setdefault("Content-Security-Policy", CSP)
+            response.headers.setdefault("X-Frame-Options", "DENY")
+        return response
 
     @app.exception_handler(StoreError)
     async def database_down(_: Request, exc: StoreError) -> JSONResponse:

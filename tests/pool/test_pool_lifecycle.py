@@ -285,3 +285,25 @@ def test_job_stats_count_a_page_of_jobs_in_sql(store: SqlStore) -> None:
     assert stats[a].gpu_seconds == 5400.0 and stats[a].best == ok
     assert stats[b].trials == 0 and stats[b].best is None
     assert store.job_stats([]) == {}
+
+
+def test_search_jobs_sorts_and_pages_in_sql(store: SqlStore) -> None:
+    ids = []
+    for i, mfu in enumerate([0.5, None, 0.7, 0.6]):
+        job_id = put_in(store, S.RUNNING, worker=f"w{i}")
+        if mfu is not None:
+            trial = store.finish_trial(store.start_trial(job_id, 1, Strategy(), worker=f"w{i}").id,
+                                       status=TrialStatus.OK, worker=f"w{i}",
+                                       metrics=Metrics(step_time_s=1, tflops_per_gpu=1, mfu=mfu, tokens_per_s_per_gpu=1))
+            store.set_best_trial(job_id, trial.id, worker=f"w{i}")
+        ids.append(job_id)
+    jobs, total = store.search_jobs(sort="best_mfu", descending=True)
+    assert total == 4 and [j.best_mfu for j in jobs] == [0.7, 0.6, 0.5, None]  # no best: last either way
+    jobs, _ = store.search_jobs(sort="best_mfu", descending=False)
+    assert [j.best_mfu for j in jobs] == [0.5, 0.6, 0.7, None]
+    page, total = store.search_jobs(sort="id", descending=False, offset=1, limit=2)
+    assert [j.id for j in page] == ids[1:3] and total == 4
+    store.transition(ids[0], S.CANCELLED)
+    assert store.search_jobs(status=S.CANCELLED)[1] == 1
+    with pytest.raises(ValueError, match="sort"):
+        store.search_jobs(sort="spec; DROP TABLE optico_jobs")

@@ -17,7 +17,9 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
+from optico.pool.contract import Store
 from optico.service.deps import JobDep, ReadToken, SettingsDep, StoreDep
+from optico.service.settings import ServiceSettings
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["events"])
 BATCH = 500
@@ -35,20 +37,27 @@ async def stream_events(request: Request, job: JobDep, store: StoreDep, settings
                         last_event_id: Annotated[str | None, Header(max_length=32)] = None,
                         ) -> AsyncIterator[ServerSentEvent]:
     """Follows the job live: state changes, trial starts and results, agent outputs, fallbacks."""
-    last = _start(after, last_event_id)
+    async for item in job_event_stream(request, store, settings, job.id, _start(after, last_event_id)):
+        yield item
+
+
+async def job_event_stream(request: Request, store: Store, settings: ServiceSettings, job_id: int,
+                           last: int) -> AsyncIterator[ServerSentEvent]:
+    """The events of job `job_id` after seq `last`, then live ones, until the job has ended (see the
+    module docstring); shared by the API and the dashboard."""
     quiet_since = time.monotonic()
     yield ServerSentEvent(comment="optico event stream", retry=3000)
     while not await request.is_disconnected():
-        batch = await run_in_threadpool(store.events, job.id, last, BATCH)
+        batch = await run_in_threadpool(store.events, job_id, last, BATCH)
         for stored in batch:
             last = stored.seq
             yield ServerSentEvent(data=stored.event.model_dump(mode="json"), event=stored.kind, id=str(stored.seq))
         if len(batch) == BATCH:
             continue
-        current = await run_in_threadpool(store.get_job, job.id)
+        current = await run_in_threadpool(store.get_job, job_id)
         # Ended: final, no worker still writing (a cancelled job's worker records its lost trial first).
         if current.status.final and current.lease_owner is None:
-            tail = await run_in_threadpool(store.events, job.id, last, BATCH)
+            tail = await run_in_threadpool(store.events, job_id, last, BATCH)
             if not tail:
                 yield ServerSentEvent(data={"status": current.status.value}, event="end", id=str(last))
                 return

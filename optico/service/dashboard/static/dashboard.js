@@ -1,0 +1,152 @@
+// The dashboard's behaviour: draw the charts the server computed, copy the best flags, and follow a
+// running job live. Untrusted text (names, rationales, diagnoses, LLM output) is only ever inserted
+// with textContent, never as HTML.
+"use strict";
+
+function readJson(id) {
+  const node = document.getElementById(id);
+  return node ? JSON.parse(node.textContent) : null;
+}
+
+function drawCharts() {
+  if (typeof Plotly === "undefined") return;
+  document.querySelectorAll("[data-figure]").forEach((el) => {
+    const fig = readJson(el.dataset.figure);
+    if (fig) Plotly.newPlot(el, fig.data, fig.layout, { displaylogo: false, responsive: true });
+  });
+}
+
+function setupCopy() {
+  document.querySelectorAll("button.copy").forEach((button) => {
+    button.addEventListener("click", async () => {
+      const text = document.getElementById(button.dataset.copy).textContent;
+      try {
+        await navigator.clipboard.writeText(text);
+      } catch (_) {  // no clipboard permission (http, headless): select the text instead
+        const range = document.createRange();
+        range.selectNodeContents(document.getElementById(button.dataset.copy));
+        const selection = window.getSelection();
+        selection.removeAllRanges();
+        selection.addRange(range);
+        document.execCommand("copy");
+      }
+      button.textContent = "Copied";
+      setTimeout(() => { button.textContent = "Copy flags"; }, 1500);
+    });
+  });
+}
+
+function pct(x) { return x === null || x === undefined ? "" : (100 * x).toFixed(1) + "%"; }
+
+function cell(tag, text, className) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined && text !== null) node.textContent = text;
+  return node;
+}
+
+// One table row, the same as the server renders in job.html.
+function trialRow(jobId, r) {
+  const tr = document.createElement("tr");
+  tr.className = "trial fresh status-" + r.status;
+  tr.dataset.index = r.index;
+  const link = cell("a", String(r.index));
+  link.href = "/jobs/" + jobId + "/trials/" + r.index;
+  const first = cell("td"); first.appendChild(link); tr.appendChild(first);
+  const conf = cell("td"); conf.appendChild(cell("code", r.strategy)); tr.appendChild(conf);
+  const diff = cell("td", null, "diff");
+  r.changes.forEach((c) => diff.appendChild(cell("code", c)));
+  tr.appendChild(diff);
+  tr.appendChild(cell("td", r.rationale, "why"));
+  const mfu = cell("td", null, "num");
+  if (r.mfu !== null) mfu.textContent = pct(r.mfu); else mfu.appendChild(cell("span", r.status, "fail"));
+  tr.appendChild(mfu);
+  const detail = cell("td", null, "detail");
+  if (r.diagnosis) {
+    detail.appendChild(cell("span", r.diagnosis, "diagnosis"));
+    detail.appendChild(document.createTextNode(" "));
+    detail.appendChild(cell("span", "(confidence " + r.confidence + ")", "confidence"));
+  } else if (r.mem_max_gib) {
+    detail.textContent = r.mem_max_gib.toFixed(1) + " / " + r.mem_limit_gib.toFixed(1) + " GiB";
+  }
+  tr.appendChild(detail);
+  return tr;
+}
+
+function hover(r) {
+  return "#" + r.index + " " + r.strategy + "<br>" + (r.diagnosis || r.rationale || "").slice(0, 160);
+}
+
+function traceOf(r, names) {
+  if (r.mfu === null) return names.indexOf("failed");
+  return names.indexOf(r.above_baseline === false ? "below baseline" : "above baseline");
+}
+
+function showBest(jobId, best) {
+  const summary = document.getElementById("best-summary");
+  summary.textContent = "Trial ";
+  const link = cell("a", String(best.trial));
+  link.href = "/jobs/" + jobId + "/trials/" + best.trial;
+  summary.appendChild(link);
+  summary.appendChild(document.createTextNode(": MFU "));
+  summary.appendChild(cell("strong", pct(best.mfu)));
+  if (best.improvement !== null) {
+    const gain = (100 * best.improvement).toFixed(1);
+    summary.appendChild(document.createTextNode(" (" + (best.improvement >= 0 ? "+" : "") + gain + "% over the baseline)"));
+  }
+  document.getElementById("best-flags").textContent = best.megatron_args.join(" ");
+  document.getElementById("best-box").hidden = false;
+}
+
+// Follows a running job: each event that can change the trials fetches only the rows after the last
+// one shown, appends them to the table and extends the charts' traces (a 1,000-trial job stays fast).
+function followJob() {
+  const live = readJson("live-data");
+  if (!live || live.final || typeof EventSource === "undefined") return;
+  let lastIndex = live.last_index;
+  let busy = false, again = false;
+  const mfuChart = document.getElementById("chart-mfu");
+  const memChart = document.getElementById("chart-memory");
+  const body = document.querySelector("#trials-table tbody");
+
+  async function refresh() {
+    if (busy) { again = true; return; }
+    busy = true;
+    try {
+      const response = await fetch("/ui/jobs/" + live.job_id + "/rows?after=" + lastIndex,
+                                   { credentials: "same-origin", cache: "no-store" });
+      if (!response.ok) return;
+      const update = await response.json();
+      update.rows.forEach((r) => {
+        if (r.index <= lastIndex) return;
+        body.appendChild(trialRow(live.job_id, r));
+        const t = traceOf(r, live.mfu_traces);
+        Plotly.extendTraces(mfuChart, { x: [[r.index], [r.index]], y: [[r.mfu === null ? live.failure_y : 100 * r.mfu],
+          [r.best_so_far === null ? null : 100 * r.best_so_far]], text: [[hover(r)], ["best so far"]] },
+          [t, live.mfu_traces.indexOf("best so far")]);
+        const predicted = r.predicted_mem_gib === null ? null : Math.min(r.predicted_mem_gib, live.prediction_cap * live.limit_gib);
+        Plotly.extendTraces(memChart, { x: [[r.index], [r.index]], y: [[r.mem_max_gib], [predicted]],
+          text: [[""], [r.predicted_mem_gib === null ? "" : "predicted " + r.predicted_mem_gib.toFixed(1) + " GiB"]] }, [0, 1]);
+        lastIndex = r.index;
+      });
+      document.getElementById("trial-count").textContent = String(document.querySelectorAll("#trials-table tbody tr").length);
+      if (update.best) showBest(live.job_id, update.best);
+      const status = document.getElementById("job-status");
+      status.textContent = update.status;
+      status.className = "badge " + update.status.split(" ")[0];
+    } finally {
+      busy = false;
+      if (again) { again = false; refresh(); }
+    }
+  }
+
+  const source = new EventSource("/ui/jobs/" + live.job_id + "/events?after=" + live.last_event);
+  ["trial_done", "trial_lost", "state", "job_done"].forEach((kind) => source.addEventListener(kind, refresh));
+  source.addEventListener("end", () => { source.close(); refresh(); });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  drawCharts();
+  setupCopy();
+  followJob();
+});

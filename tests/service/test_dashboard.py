@@ -1,0 +1,290 @@
+"""The dashboard in a real headless Chromium (Debian's, driven by Playwright with `executable_path`; no
+browser download), against a real `optico serve` process.
+
+`OPTICO_SCREENSHOT_DIR=docs/img pytest tests/service/test_dashboard.py` also writes the screenshots the
+README shows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from service_testkit import Service, client, spec, wait_for
+from sqlalchemy import insert
+
+from optico.pool.models import JobRow, TrialRow, WorkloadRow
+from optico.pool.store import SqlStore
+from optico.report import flag_changes
+from optico.spec import parse_spec
+from optico.strategy import Strategy
+
+CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/lib/chromium/chromium", "/usr/bin/chromium-browser")
+                 if Path(p).exists()), None)
+FLAGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def _missing(reason: str) -> None:
+    if os.environ.get("OPTICO_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"OPTICO_REQUIRE_BROWSER=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("playwright is not installed")
+    if CHROMIUM is None:
+        _missing("Debian's chromium is not installed (apt-get install chromium)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Service, dict[str, str], SqlStore]]:
+    """A service on SQLite with a read token (the dashboard only reads) and a write token."""
+    directory = tmp_path_factory.mktemp("dashboard")
+    db = f"sqlite:///{directory / 'pool.db'}"
+    store = SqlStore(db)
+    tokens = {scope: store.create_token(f"{scope}-ui", scope)[1] for scope in ("read", "write")}
+    service = Service(db_url=db, home=directory / "home").start()
+    try:
+        yield service, tokens, store
+    finally:
+        service.kill()
+        store.close()
+
+
+class Page:
+    """A logged-in page that records every request and every console error."""
+
+    def __init__(self, browser: Any, service: Service, token: str):
+        self.service = service
+        self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        self.page = self.context.new_page()
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        self.page.goto(f"{service.url}/")
+        assert "/login" in self.page.url
+        self.page.fill("#token", token)
+        self.page.click("form[action='/login'] button[type=submit]")
+        self.page.wait_for_url(f"{service.url}/")
+
+    def go(self, path: str) -> Any:
+        self.page.goto(f"{self.service.url}{path}")
+        return self.page
+
+    def close(self) -> None:
+        assert all(url.startswith(self.service.url) for url in self.requests), \
+            [u for u in self.requests if not u.startswith(self.service.url)]
+        self.context.close()
+
+
+def _shoot(page: Any, name: str) -> None:
+    target = os.environ.get("OPTICO_SCREENSHOT_DIR")
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        page.evaluate("() => window.scrollTo(0, 0)")
+        page.screenshot(path=str(Path(target) / name), full_page=False)
+
+
+def _points(page: Any, chart: str, names: tuple[str, ...]) -> int:
+    return page.evaluate(f"""() => document.getElementById("{chart}").data
+        .filter(t => {json.dumps(list(names))}.includes(t.name)).reduce((n, t) => n + t.x.length, 0)""")
+
+
+MARKERS = ("above baseline", "below baseline", "failed")
+
+
+def test_login_is_required_and_refuses_bad_tokens(browser: Any, site):
+    service, tokens, _ = site
+    anonymous = httpx.get(f"{service.url}/jobs/1", follow_redirects=False)
+    assert anonymous.status_code == 303 and anonymous.headers["location"] == "/login?next=/jobs/1"
+    assert httpx.get(f"{service.url}/ui/jobs/1/rows", follow_redirects=False).status_code == 303
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(f"{service.url}/login?next=//evil.example/x")
+    page.fill("#token", "optico_r_not-a-real-token")
+    page.click("form[action='/login'] button[type=submit]")
+    assert page.locator("p.error").inner_text() == "unknown or revoked token"
+    page.fill("#token", tokens["read"])
+    page.click("form[action='/login'] button[type=submit]")
+    page.wait_for_url(f"{service.url}/")  # not to another site, whatever `next` said
+    cookie = next(c for c in context.cookies() if c["name"] == "optico_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["expires"] == -1  # a session cookie
+    # The cookie is for the pages only: the API still wants the Authorization header.
+    assert page.evaluate("async () => (await fetch('/api/v1/jobs')).status") == 401
+    page.click("header form.logout button")
+    page.wait_for_url(f"{service.url}/login")
+    context.close()
+
+
+def test_a_job_page_follows_a_running_job_live(browser: Any, site):
+    service, tokens, store = site
+    http = client(service, tokens["write"])
+    body = spec("live-ui", max_trials=8, trial_seconds=1.5, seed=5)
+    body["baseline"] = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "micro_batch_size": 8}
+    job = http.post("/api/v1/jobs", json=body).json()  # the baseline runs out of memory: a failure to show
+    wait_for(lambda: len(store.trials(job["id"])) >= 2 and store.trials(job["id"])[0].failure is not None
+             and store.trials(job["id"])[0].failure.summary != "awaiting diagnosis", what="a diagnosed trial")
+    ui = Page(browser, service, tokens["read"])
+    page = ui.go(f"/jobs/{job['id']}")
+    page.wait_for_function("() => document.getElementById('chart-mfu').data !== undefined")
+    page.evaluate("() => { window.__sameDocument = true; }")
+    shown = page.locator("#trials-table tbody tr").count()
+    assert _points(page, "chart-mfu", MARKERS) == shown  # one point per trial
+    final = wait_for(lambda: (j := http.get(f"/api/v1/jobs/{job['id']}").json())["status"] == "succeeded" and j,
+                     timeout=120, what="the job to finish")
+    page.wait_for_function(f"() => document.querySelectorAll('#trials-table tbody tr').length === {final['trials']}",
+                           timeout=30_000)
+    assert page.evaluate("() => window.__sameDocument") is True  # the new trials came without a reload
+    assert final["trials"] > shown
+    assert _points(page, "chart-mfu", MARKERS) == final["trials"]
+    assert _points(page, "chart-memory", ("measured peak",)) == final["trials"]
+    page.wait_for_function("() => document.getElementById('job-status').textContent === 'succeeded'")
+    assert page.locator("#trials-table tbody tr.status-running").count() == 0
+    statuses = [t["status"] for t in http.get(f"/api/v1/jobs/{job['id']}/trials").json()]
+    assert [r.get_attribute("class").split("status-")[1] for r in page.locator("#trials-table tbody tr").all()] \
+        == statuses
+
+    trials = http.get(f"/api/v1/jobs/{job['id']}/trials").json()
+    first = page.locator("#trials-table tbody tr").first
+    assert trials[0]["status"] == "failed" and trials[0]["failure"]["summary"] in first.inner_text()
+    assert f"(confidence {trials[0]['failure']['confidence']})" in first.inner_text()
+    for row, (before, after) in zip(page.locator("#trials-table tbody tr").all()[1:], zip(trials, trials[1:])):
+        expected = flag_changes(Strategy.model_validate(before["strategy"]), Strategy.model_validate(after["strategy"]))
+        assert row.locator("td.diff code").all_inner_texts() == expected
+    assert page.locator("#best-flags").inner_text() == " ".join(final["best"]["megatron_args"])
+    page.reload()  # as a person opening the finished job sees it
+    page.wait_for_function("() => document.getElementById('chart-mfu').data !== undefined")
+    assert _points(page, "chart-mfu", MARKERS) == final["trials"]
+    _shoot(page, "dashboard-job.png")
+    page.locator("details.iteration").first.click()
+    assert page.locator("details.iteration").first.locator(".message").count() >= 1
+    script = httpx.get(f"{service.url}/jobs/{job['id']}/launch.sh", cookies={"optico_session": tokens["read"]})
+    assert script.status_code == 200 and "torchrun" in script.text and final["best"]["megatron_args"][1] in script.text
+    assert ui.errors == [] and ui.dialogs == []
+    ui.close()
+
+
+def test_the_jobs_page_filters_sorts_pages_and_escapes(browser: Any, site):
+    service, tokens, store = site
+    hostile = "<img src=x onerror=alert(1)><script>alert(2)</script>[/x]\x1b]0;pwn\x07"
+    http = client(service, tokens["write"])
+    created = http.post("/api/v1/jobs", json={**spec("quick", max_trials=1, trial_seconds=0), "name": hostile})
+    assert created.status_code == 201
+    wait_for(lambda: http.get(f"/api/v1/jobs/{created.json()['id']}").json()["status"] == "succeeded",
+             what="the hostile job to finish")
+    ui = Page(browser, service, tokens["read"])
+    page = ui.go("/?sort=best_mfu&dir=desc")
+    assert page.locator("img[src=x]").count() == 0 and ui.dialogs == []
+    assert page.get_by_text("<img src=x onerror=alert(1)>", exact=False).count() == 1  # shown as text
+    mfus = [t for t in page.locator("#jobs-table tbody td.num:nth-child(6)").all_inner_texts() if t]
+    assert mfus == sorted(mfus, key=lambda t: -float(t.rstrip("%")))
+    page = ui.go("/?status=succeeded&name=live-ui")
+    assert page.locator("#jobs-table tbody tr").count() == 1
+    page = ui.go(f"/jobs/{created.json()['id']}")
+    assert page.locator("h1").inner_text().endswith(hostile.replace("\x1b", "").replace("\x07", "")) or \
+        "<script>alert(2)</script>" in page.locator("h1").inner_text()
+    assert ui.dialogs == [] and page.locator("script:not([src]):not([type='application/json'])").count() == 0
+    _shoot(ui.go("/"), "dashboard-jobs.png")
+    assert ui.errors == []
+    ui.close()
+
+
+def test_trial_compare_and_workload_pages(browser: Any, site):
+    service, tokens, store = site
+    jobs = [j for j in store.list_jobs(limit=10) if j.status.value == "succeeded"]
+    job = next(j for j in jobs if len(store.trials(j.id)) >= 2)
+    ui = Page(browser, service, tokens["read"])
+    page = ui.go(f"/jobs/{job.id}/trials/2")
+    assert page.locator("#breakdown tbody tr").count() == 5
+    assert "launcher" in page.locator("#fingerprint").inner_text()
+    page = ui.go(f"/compare?jobs={','.join(str(j.id) for j in jobs[:2])}&parallel={job.id}")
+    page.wait_for_function("() => document.getElementById('chart-parallel').data !== undefined")
+    assert page.evaluate("() => document.getElementById('chart-compare').data.length") == len(jobs[:2])
+    dims = page.evaluate("() => document.getElementById('chart-parallel').data[0].dimensions.length")
+    assert dims >= 2 and page.evaluate("() => document.getElementById('chart-parallel').data[0]"
+                                       ".dimensions.slice(-1)[0].values.length") == len(store.trials(job.id))
+    page = ui.go(f"/workloads/{job.workload_key}")
+    page.wait_for_function("() => document.getElementById('chart-history').data !== undefined")
+    assert page.locator("table.jobs tbody tr").count() >= 1
+    assert ui.errors == []
+    ui.close()
+
+
+def _bulk(store: SqlStore, jobs: int, trials_of_first: int) -> int:
+    """Writes many jobs (and many trials for one of them) straight into the tables, as years of use would."""
+    spec_obj = parse_spec(spec("bulk", max_trials=trials_of_first))
+    stored = spec_obj.model_dump(mode="json")
+    key = spec_obj.workload.key()
+    base = Strategy()
+    with store.engine.begin() as conn:
+        conn.execute(insert(WorkloadRow).prefix_with("OR IGNORE"),
+                     [{"key": key, "description": "bulk", "workload": spec_obj.workload.model_dump(mode="json")}])
+        conn.execute(insert(JobRow), [{"name": f"bulk-{i}", "status": "succeeded", "workload_key": key, "spec": stored,
+                                       "origin": "queue", "max_trials": 20, "best_mfu": (i % 97) / 100,
+                                       "spec_hash": ""} for i in range(jobs)])
+        first = conn.execute(JobRow.__table__.select().order_by(JobRow.id.desc()).limit(1)).first().id
+        metrics = {"step_time_s": 1.0, "tflops_per_gpu": 150.0, "mfu": 0.5, "tokens_per_s_per_gpu": 3000.0,
+                   "mem_max_gib": 50.0, "mem_limit_gib": 79.35}
+        conn.execute(insert(TrialRow), [{"job_id": first, "index": i + 1, "signature": f"s{i}",
+                                         "strategy": base.model_dump(mode="json"), "status": "ok",
+                                         "metrics": {**metrics, "mfu": 0.4 + (i % 50) / 500},
+                                         "rationale": f"step {i}", "gpu_seconds": 1.0, "fingerprint": {},
+                                         "log_excerpt": "", "attempts": 1} for i in range(trials_of_first)])
+    return first
+
+
+def test_ten_thousand_jobs_and_a_thousand_trials_stay_fast(browser: Any, tmp_path: Path):
+    db = f"sqlite:///{tmp_path / 'big.db'}"
+    with SqlStore(db) as store:
+        token = store.create_token("reader", "read")[1]
+        big = _bulk(store, 10_000, 1_000)
+    service = Service(db_url=db, home=tmp_path / "home", extra_env={"OPTICO_WORKERS": "0"}).start()
+    try:
+        cookies = {"optico_session": token}
+        timings = {}
+        for path in ("/", "/?sort=best_mfu&dir=desc&page=150", "/?name=bulk-99&sort=name&dir=asc", f"/jobs/{big}"):
+            httpx.get(f"{service.url}{path}", cookies=cookies)  # warm
+            t0 = time.perf_counter()
+            response = httpx.get(f"{service.url}{path}", cookies=cookies, timeout=60)
+            timings[path] = time.perf_counter() - t0
+            assert response.status_code == 200, path
+        assert "page 150 of 200" in httpx.get(f"{service.url}/?sort=best_mfu&dir=desc&page=150", cookies=cookies).text
+        print("page times (s):", {k: round(v, 3) for k, v in timings.items()})
+        assert max(timings[p] for p in list(timings)[:3]) < 2.0, timings  # the jobs page, 10,000 jobs
+        assert timings[f"/jobs/{big}"] < 5.0, timings  # a job of 1,000 trials, predictions included
+        ui = Page(browser, service, token)
+        page = ui.go(f"/jobs/{big}")
+        page.wait_for_function("() => document.getElementById('chart-mfu').data !== undefined", timeout=30_000)
+        assert _points(page, "chart-mfu", MARKERS) == 1_000
+        ui.close()
+    finally:
+        service.kill()
+
+
+def test_plotly_is_served_locally():
+    from optico.service.dashboard.views import plotly_js
+
+    assert plotly_js().is_file() and plotly_js().stat().st_size > 1_000_000
+    assert shutil.which("chromium") or CHROMIUM or os.environ.get("OPTICO_REQUIRE_BROWSER") != "1"
