@@ -2,32 +2,47 @@
 
 Every error names the field (a dotted path into the YAML) and the reason, as one
 line, so `optico tune` can print it and exit 2 before touching the pool.
+
+Everything is checked here, before a job exists, and within bounds: the text (size, depth,
+aliases, duplicate keys, types: `optico.safe_yaml`), each value's type strictly (`true` is not
+a GPU count, `8.0` not a micro-batch), each magnitude (`LIMITS`: nothing a real job needs is
+refused, nothing that would make the arithmetic or the enumeration blow up is accepted), the
+size of the search space, and the files the spec names (`optico.input_files`). The CLI and the
+REST API share `parse_spec_text`, so both give the same errors.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
+from optico.errors import SpecError
+from optico.input_files import MAX_SPEC_BYTES, check_replay_csv, decode_text, read_calibration, read_text, resolve
 from optico.launchers.program import ProgramSpec
-from optico.perfmodel.constants import load_constants
-from optico.rules import violations
+from optico.rules import is_valid, violations
+from optico.safe_yaml import load_yaml
 from optico.search_space import SearchSpace
 from optico.strategy import Strategy, canonical_field, strategy_from_mapping
 from optico.workload import PRESETS, Cluster, Framework, ModelArch, Workload
 
+__all__ = ["Budget", "JobSpec", "LauncherSpec", "ReasonerSpec", "SpecError", "load_spec", "parse_spec",
+           "parse_spec_text"]
+
 ReasonerKind = Literal["rules", "openai"]
 
-
-class SpecError(ValueError):
-    """A spec that cannot run: `field` is the dotted path, `reason` says why."""
-
-    def __init__(self, field: str, reason: str):
-        self.field, self.reason = field, reason
-        super().__init__(f"{field}: {reason}" if field else reason)
+MAX_SEED = 2**32 - 1  # numpy's generators take seeds in [0, 2**32)
+MAX_SECONDS = 30 * 24 * 3600.0  # a month: no single run or wait is longer
+MAX_TRIALS = 10_000
+MAX_NAME_CHARS = 200
+MAX_PATH_CHARS = 4096
+# A name printed in every table and log line: any printable text, no control characters.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Budget(BaseModel):
@@ -35,14 +50,14 @@ class Budget(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_trials: PositiveInt = Field(20, description="Validation runs at most (the paper's T_max).")
-    gpu_hours: float | None = Field(None, gt=0, description="GPU-hours the runs may spend.")
-    patience: PositiveInt | None = Field(None, description="Stop after this many trials without a better MFU.")
+    max_trials: PositiveInt = Field(20, le=MAX_TRIALS, description="Validation runs at most (the paper's T_max).")
+    gpu_hours: float | None = Field(None, gt=0, le=1e9, description="GPU-hours the runs may spend.")
+    patience: PositiveInt | None = Field(None, le=MAX_TRIALS, description="Stop after this many trials without a better MFU.")
     target_mfu: float | None = Field(None, gt=0, le=1, description="Stop once a trial reaches this MFU.")
     converge_tol: float | None = Field(0.005, ge=0, lt=1, description="Stop once no untried configuration is "
                                        "predicted to beat the best measured MFU by more than this fraction "
                                        "(the model, corrected by the job's measurements); None = never.")
-    min_trials: PositiveInt = Field(8, description="Trials before convergence may stop the job.")
+    min_trials: PositiveInt = Field(8, le=MAX_TRIALS, description="Trials before convergence may stop the job.")
 
 
 class LauncherSpec(BaseModel):
@@ -51,32 +66,41 @@ class LauncherSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["sim", "replay", "local", "ray"] = "sim"
-    seed: int | None = Field(None, description="Simulator noise seed; None = the job's seed.")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Simulator noise seed; None = the job's seed.")
     noise: float = Field(0.01, ge=0, le=0.5, description="Simulator: relative step-time noise (std dev).")
     hang_rate: float = Field(0.02, ge=0, le=1, description="Simulator: chance a run hangs (NCCL watchdog).")
     infra_rate: float = Field(0.0, ge=0, le=1, description="Simulator: chance a run dies of a node fault.")
     delay_s: float = Field(0.0, ge=0, le=3600, description="Simulator: real seconds each run takes (to watch "
                                                             "progress, or interrupt a run).")
-    data: str | None = Field(None, description="Replay: the CSV of measured runs.")
-    timeout_s: float = Field(3600, gt=0, description="Wall-clock limit of one run.")
-    hang_s: float = Field(600, gt=0, description="A run printing nothing for this long is hung.")
-    address: str | None = Field(None, description="Ray: cluster address (auto, ray://host:port, local); None = "
+    data: str | None = Field(None, max_length=MAX_PATH_CHARS, description="Replay: the CSV of measured runs.")
+    timeout_s: float = Field(3600, gt=0, le=MAX_SECONDS, description="Wall-clock limit of one run.")
+    hang_s: float = Field(600, gt=0, le=MAX_SECONDS, description="A run printing nothing for this long is hung.")
+    address: str | None = Field(None, max_length=MAX_PATH_CHARS, description="Ray: cluster address (auto, ray://host:port, local); None = "
                                                   "an existing cluster (RAY_ADDRESS, `ray start`), else a new "
                                                   "local one.")
     program: ProgramSpec | None = Field(None, description="local/ray: what torchrun runs: {kind: megatron-core} "
                                                           "(default) or {kind: megatron-lm, command: [...]}.")
-    env: dict[str, str] = Field(default_factory=dict, description="Environment for the training processes.")
-    run_dir: str | None = Field(None, description="local/ray: where trial run directories go; None = "
+    env: dict[str, str] = Field(default_factory=dict, max_length=512,
+                               description="Environment for the training processes.")
+    run_dir: str | None = Field(None, max_length=MAX_PATH_CHARS, description="local/ray: where trial run directories go; None = "
                                                   "<data dir>/runs.")
-    num_cpus_per_node: float = Field(1, gt=0, description="Ray: CPUs each node's bundle reserves (keep it small: "
+    num_cpus_per_node: float = Field(1, gt=0, le=4096, description="Ray: CPUs each node's bundle reserves (keep it small: "
                                                           "a placement group holding every CPU starves Ray).")
     runtime_env: dict[str, Any] = Field(default_factory=dict, description="Ray: runtime_env of the node actors "
                                         "(env_vars, working_dir, image_uri, ...), passed through.")
-    placement_timeout_s: float = Field(120, gt=0, description="Ray: fail a trial whose placement group is not "
+    placement_timeout_s: float = Field(120, gt=0, le=MAX_SECONDS, description="Ray: fail a trial whose placement group is not "
                                                               "ready after this long (the cluster lacks GPUs).")
     max_infra_retries: int = Field(2, ge=0, le=10, description="Ray: re-runs of a trial whose node or actor died.")
     ray_init: dict[str, Any] = Field(default_factory=dict, description="Ray: ray.init() keywords when this "
                                      "process starts the cluster, e.g. {num_gpus: 2} for logical GPUs.")
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name[:50]!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        return env
 
 
 class ReasonerSpec(BaseModel):
@@ -94,34 +118,98 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     workload: Workload
     search_space: SearchSpace
     baseline: Strategy | None = None
     budget: Budget = Budget()
     launcher: LauncherSpec = LauncherSpec()
     reasoner: ReasonerSpec = ReasonerSpec()
-    seed: int = 0
-    calibration: str | None = Field(None, description="Performance-model constants (JSON from `optico perfmodel "
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    calibration: str | None = Field(None, max_length=MAX_PATH_CHARS, description="Performance-model constants (JSON from `optico perfmodel "
                                                       "calibrate`); None = $OPTICO_CALIBRATION, else the shipped ones.")
+
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, name: str) -> str:
+        if _CONTROL.search(name):
+            raise ValueError("must be printable text (no control, escape or bidi characters)")
+        return name
+
+
+# -- bounds ---------------------------------------------------------------------------------
+
+# Inclusive upper bounds on the workload, far beyond any real job (the largest public models have
+# ~130 layers, 16K hidden, 256 experts, 1M-token contexts) and low enough that FLOPs, memory and
+# the default search domains stay small and exact.
+LIMITS: dict[str, int] = {
+    "model.num_layers": 1024,
+    "model.hidden_size": 262_144,
+    "model.num_attention_heads": 4096,
+    "model.num_query_groups": 4096,
+    "model.kv_channels": 16_384,
+    "model.ffn_hidden_size": 1_048_576,
+    "model.vocab_size": 16_777_216,
+    "model.num_experts": 4096,
+    "model.moe_router_topk": 256,
+    "model.moe_ffn_hidden_size": 1_048_576,
+    "model.moe_shared_expert_intermediate_size": 1_048_576,
+    "seq_length": 16_777_216,
+    "global_batch_size": 1_048_576,
+    "cluster.gpus_per_node": 1024,
+    "cluster.nodes": 65_536,
+    "cluster.num_gpus": 1_048_576,
+    "cluster.network_gbps": 100_000,
+}
+MAX_WORLD_SIZE = 1_048_576
+MAX_TUNABLES = 64
+MAX_DOMAIN_VALUES = 256
+MAX_STRATEGY_INT = 1_048_576  # a parallel size, micro-batch or layer count larger than any world or model
+# The product of the domain sizes: enumerating a space costs ~15 us per combination, and the
+# loop keeps every valid one in memory. A space beyond this must list fewer tunables or values.
+MAX_SPACE_COMBINATIONS = 1_000_000
+# Spec load proves the space holds a valid strategy by finding one; it gives up (an error)
+# after this many invalid combinations rather than walk a million of them.
+FEASIBILITY_PROBE = 100_000
+
+
+def _check_limits(obj: BaseModel, where: str) -> None:
+    for dotted, limit in LIMITS.items():
+        value: Any = obj
+        for part in dotted.split("."):
+            value = getattr(value, part, None)
+        if value is not None and value > limit:
+            raise SpecError(f"{where}.{dotted}", f"{value} is more than the limit of {limit:,}")
 
 
 # -- loading ------------------------------------------------------------------------
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:40] + '...'}"
+
 
 def _loc(prefix: str, err: dict[str, Any]) -> str:
     parts = [prefix] + [str(p) for p in err["loc"] if not str(p).startswith("function-")]
     return ".".join(p for p in parts if p)
 
 
+def _message(err: dict[str, Any]) -> str:
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        return "unknown field"
+    if err["type"].endswith("_type") or err["type"] in ("literal_error", "enum"):
+        msg += f", got {_describe(err.get('input'))}"
+    return msg
+
+
 def _validated(cls: type[BaseModel], data: Any, where: str) -> Any:
+    """`cls` from `data`, strictly: YAML has types, so `true` is no count and `"8"` no number."""
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data, strict=True)
     except ValidationError as exc:
         err = exc.errors()[0]
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        raise SpecError(_loc(where, err), msg) from None
+        raise SpecError(_loc(where, err), _message(err)) from None
 
 
 def _mapping(data: Any, where: str) -> dict[str, Any]:
@@ -132,20 +220,25 @@ def _mapping(data: Any, where: str) -> dict[str, Any]:
     return data
 
 
+def _preset(name: Any, where: str) -> ModelArch:
+    if not isinstance(name, str) or name not in PRESETS:
+        raise SpecError(where, f"unknown preset {str(name)[:60]!r}; known: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]
+
+
 def _model(raw: Any) -> ModelArch:
     where = "workload.model"
     if isinstance(raw, str):
-        if raw not in PRESETS:
-            raise SpecError(where, f"unknown preset {raw!r}; known: {', '.join(sorted(PRESETS))}")
-        return PRESETS[raw]
+        return _preset(raw, where)
     data = dict(_mapping(raw, where))
     preset = data.pop("preset", None)
     if preset is not None:
-        if preset not in PRESETS:
-            raise SpecError(f"{where}.preset", f"unknown preset {preset!r}; known: {', '.join(sorted(PRESETS))}")
-        base = PRESETS[preset].model_dump()
+        base = _preset(preset, f"{where}.preset").model_dump()
         base.update(data)
         data = base
+    name = data.get("name")
+    if isinstance(name, str) and (len(name) > MAX_NAME_CHARS or _CONTROL.search(name)):
+        raise SpecError(f"{where}.name", f"must be printable text of at most {MAX_NAME_CHARS} characters")
     return _validated(ModelArch, data, where)
 
 
@@ -156,36 +249,95 @@ def _workload(raw: Any) -> Workload:
     if "cluster" not in data:
         raise SpecError("workload.cluster", "missing (gpu, gpus_per_node, nodes)")
     model = _model(data.pop("model"))
-    cluster = _validated(Cluster, _mapping(data.pop("cluster"), "workload.cluster"), "workload.cluster")
+    cluster_raw = _mapping(data.pop("cluster"), "workload.cluster")
+    if isinstance(cluster_raw.get("gpu"), str) and len(cluster_raw["gpu"]) > 100:
+        raise SpecError("workload.cluster.gpu", "unknown GPU (a catalog key such as h100-sxm)")
+    cluster = _validated(Cluster, cluster_raw, "workload.cluster")
     framework = _validated(Framework, _mapping(data.pop("framework", None), "workload.framework"),
                            "workload.framework")
-    return _validated(Workload, {**data, "model": model, "cluster": cluster, "framework": framework}, "workload")
+    for key in ("megatron_core", "image"):
+        if len(getattr(framework, key) or "") > MAX_PATH_CHARS:
+            raise SpecError(f"workload.framework.{key}", f"longer than {MAX_PATH_CHARS} characters")
+    w = _validated(Workload, {**data, "model": model, "cluster": cluster, "framework": framework}, "workload")
+    _check_limits(w, "workload")
+    if w.cluster.gpus_per_node * w.cluster.nodes > MAX_WORLD_SIZE:
+        raise SpecError("workload.cluster", f"{w.cluster.nodes} nodes x {w.cluster.gpus_per_node} GPUs is more "
+                                            f"than the limit of {MAX_WORLD_SIZE:,} GPUs")
+    return w
+
+
+def _strategy_value(field: str, value: Any, where: str) -> Any:
+    """One value of a strategy field, checked strictly (a YAML `true` is not a TP of 1) and bounded."""
+    if field == "recompute_granularity" and isinstance(value, str) and value.lower() in ("none", "no", "off"):
+        value = None
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_STRATEGY_INT:
+        raise SpecError(where, f"{value} is more than the limit of {MAX_STRATEGY_INT:,}")
+    try:
+        Strategy.model_validate({field: value}, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise SpecError(where, f"{_describe(value)} is not a valid {field}: {_message(err)}") from None
+    return value
+
+
+def _names(raw: Any, where: str) -> list[tuple[str, str]]:
+    """(name as written, strategy field) for each key of a tunables/fixed/baseline section."""
+    out = []
+    for name in raw:
+        if not isinstance(name, str):
+            raise SpecError(where, f"names must be strings, got {_describe(name)}")
+        try:
+            out.append((name, canonical_field(name)))
+        except KeyError as exc:
+            raise SpecError(where, exc.args[0]) from None
+    return out
 
 
 def _search_space(raw: Any, w: Workload) -> SearchSpace:
     data = _mapping(raw, "search_space")
     unknown = set(data) - {"tunables", "fixed"}
     if unknown:
-        raise SpecError(f"search_space.{sorted(unknown)[0]}", "unknown field (use tunables and fixed)")
+        raise SpecError(f"search_space.{sorted(map(str, unknown))[0]}", "unknown field (use tunables and fixed)")
     tunables = data.get("tunables")
     if tunables is not None and not isinstance(tunables, (list, dict)):
         raise SpecError("search_space.tunables", "must be a list of names or a mapping name -> values")
+    if tunables is not None and not tunables:
+        raise SpecError("search_space.tunables", "is empty: name at least one knob to tune, or leave tunables "
+                                                 "out for the default ones")
+    if tunables is not None and len(tunables) > MAX_TUNABLES:
+        raise SpecError("search_space.tunables", f"{len(tunables)} tunables; at most {MAX_TUNABLES}")
+    fixed = _mapping(data.get("fixed"), "search_space.fixed")
+    seen: dict[str, str] = {}
+    for name, field in _names(tunables or [], "search_space.tunables"):
+        if field in seen:
+            raise SpecError(f"search_space.tunables.{name}", f"names the same knob as {seen[field]!r}")
+        seen[field] = name
+        values = tunables[name] if isinstance(tunables, dict) else None
+        if values is None:
+            continue
+        where = f"search_space.tunables.{name}"
+        if not isinstance(values, list) or not values:
+            raise SpecError(where, "must be a non-empty list of values")
+        if len(values) > MAX_DOMAIN_VALUES:
+            raise SpecError(where, f"{len(values)} values; at most {MAX_DOMAIN_VALUES}")
+        for value in values:
+            _strategy_value(field, value, where)
+    for name, field in _names(fixed, "search_space.fixed"):
+        _strategy_value(field, fixed[name], f"search_space.fixed.{name}")
     try:
-        for name in (tunables or []):
-            canonical_field(str(name))
-        for name in _mapping(data.get("fixed"), "search_space.fixed"):
-            canonical_field(str(name))
-    except KeyError as exc:
-        raise SpecError("search_space.tunables" if "fixed" not in str(exc) else "search_space.fixed",
-                        exc.args[0]) from None
-    try:
-        return SearchSpace.build(w, tunables, data.get("fixed"))
+        space = SearchSpace.build(w, tunables, fixed)
     except (KeyError, ValueError) as exc:
         text = exc.args[0] if exc.args else str(exc)
         field, _, reason = text.partition(": ")
         if field.startswith("search_space"):
             raise SpecError(field, reason) from None
         raise SpecError("search_space", text) from None
+    size = space.size()
+    if size > MAX_SPACE_COMBINATIONS:
+        sizes = " x ".join(f"{f} {len(d)}" for f, d in space.tunables.items() if len(d) > 1)
+        raise SpecError("search_space.tunables", f"{size:,} combinations ({sizes}) are more than the limit of "
+                                                 f"{MAX_SPACE_COMBINATIONS:,}; tune fewer knobs or list fewer values")
+    return space
 
 
 def _check_feasible(w: Workload, space: SearchSpace) -> None:
@@ -208,26 +360,37 @@ def _check_feasible(w: Workload, space: SearchSpace) -> None:
         raise SpecError("workload.global_batch_size",
                         f"{w.global_batch_size} is not divisible by MICRO_BATCH_SIZE·DP for any allowed layout "
                         f"(MBS {mbss}, {world} GPUs)")
-    for s in space.enumerate(w):
+    if _first_valid(space, w) is not None:
         return
-    raise SpecError("search_space", f"no valid strategy in the space; e.g. {space.base().short()}: "
+    probed = "" if space.size() <= FEASIBILITY_PROBE else f" (among the first {FEASIBILITY_PROBE:,} combinations)"
+    raise SpecError("search_space", f"no valid strategy in the space{probed}; e.g. {space.base().short()}: "
                                     f"{'; '.join(map(str, violations(w, space.base())))}")
+
+
+def _first_valid(space: SearchSpace, w: Workload) -> Strategy | None:
+    """The first valid strategy among the first FEASIBILITY_PROBE combinations, in domain order."""
+    fields = list(space.tunables)
+    combos = itertools.product(*(space.tunables[f] for f in fields))
+    for values in itertools.islice(combos, FEASIBILITY_PROBE):
+        strategy = Strategy.model_validate({**space.fixed, **dict(zip(fields, values))}).normalized()
+        if is_valid(w, strategy):
+            return strategy
+    return None
 
 
 def _baseline(raw: Any, w: Workload, space: SearchSpace) -> Strategy | None:
     if raw is None:
         return None
     data = _mapping(raw, "baseline")
-    try:
-        given = {canonical_field(str(k)): v for k, v in data.items()}
-    except KeyError as exc:
-        raise SpecError("baseline", exc.args[0]) from None
+    given = {}
+    for name, field in _names(data, "baseline"):
+        given[field] = _strategy_value(field, data[name], f"baseline.{name}")
     merged = {**space.fixed, **given}
     try:
         strategy = strategy_from_mapping(merged)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise SpecError(_loc("baseline", err), err["msg"]) from None
+        raise SpecError(_loc("baseline", err), _message(err)) from None
     broken = violations(w, strategy)
     if broken:
         raise SpecError(f"baseline.{broken[0].params[0]}", str(broken[0]))
@@ -237,60 +400,114 @@ def _baseline(raw: Any, w: Workload, space: SearchSpace) -> Strategy | None:
     return strategy
 
 
-def parse_spec(data: Any, origin: Path | None = None) -> JobSpec:
-    """A JobSpec from parsed YAML; raises SpecError naming the field."""
-    data = _mapping(data, "")
+def _path_field(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise SpecError(field, f"must be a file path, got {_describe(value)}")
+    if len(value) > MAX_PATH_CHARS:
+        raise SpecError(field, f"longer than {MAX_PATH_CHARS} characters")
+    return value
+
+
+def check_launcher(launcher: LauncherSpec, w: Workload, space: SearchSpace,
+                   base_dir: Path | None = None) -> LauncherSpec:
+    """The launcher section checked against the workload (also after `--launcher` changes its kind):
+    the replay CSV read and checked whole, its path made absolute."""
+    if launcher.kind != "replay":
+        return launcher
+    if not launcher.data:
+        raise SpecError("launcher.data", "the replay launcher needs the CSV of measured runs")
+    path = resolve(_path_field(launcher.data, "launcher.data"), base_dir)
+    check_replay_csv(path, w, space, "launcher.data")
+    return launcher.model_copy(update={"data": str(path.resolve())})
+
+
+def _name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise SpecError("name", f"must be a string, got {_describe(name)}")
+    if not 1 <= len(name) <= MAX_NAME_CHARS:
+        raise SpecError("name", f"must be 1 to {MAX_NAME_CHARS} characters, got {len(name):,}")
+    if _CONTROL.search(name):
+        raise SpecError("name", "must be printable text (no control, escape or bidi characters)")
+    return name
+
+
+def _seed(seed: Any) -> int:
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise SpecError("seed", f"must be an integer from 0 to {MAX_SEED}, got {_describe(seed)}")
+    return seed
+
+
+def _default_name(origin_name: str | None) -> str:
+    stem = Path(origin_name).stem if origin_name else ""
+    stem = _CONTROL.sub("_", stem)[:MAX_NAME_CHARS]
+    return stem or "job"
+
+
+def parse_spec(data: Any, origin: Path | None = None, *, origin_name: str | None = None,
+               base_dir: Path | None = None) -> JobSpec:
+    """A JobSpec from parsed YAML; raises SpecError naming the field.
+
+    `origin` is the spec file (its stem is the default name, its folder resolves relative paths);
+    or give `origin_name` and `base_dir` separately (the REST API: a name, no folder)."""
+    if origin is not None:
+        origin_name = origin_name or origin.name
+        base_dir = base_dir or origin.parent
+    data = _mapping(data, origin_name or "spec")
     known = set(JobSpec.model_fields)
     for key in data:
         if key not in known:
-            raise SpecError(str(key), f"unknown field; known: {', '.join(sorted(known))}")
+            raise SpecError(str(key)[:60], f"unknown field; known: {', '.join(sorted(known))}")
+    name, seed = _name(data.get("name", _default_name(origin_name))), _seed(data.get("seed", 0))
     w = _workload(data.get("workload"))
     space = _search_space(data.get("search_space"), w)
     _check_feasible(w, space)
     baseline = _baseline(data.get("baseline"), w, space)
     budget = _validated(Budget, _mapping(data.get("budget"), "budget"), "budget")
     launcher = _validated(LauncherSpec, _mapping(data.get("launcher"), "launcher"), "launcher")
-    if launcher.kind == "replay":
-        if not launcher.data:
-            raise SpecError("launcher.data", "the replay launcher needs the CSV of measured runs")
-        path = Path(launcher.data)
-        if not path.is_absolute() and origin is not None:
-            path = (origin.parent / path).resolve()
-        if not path.is_file():
-            raise SpecError("launcher.data", f"no such file: {path}")
-        launcher = launcher.model_copy(update={"data": str(path)})
+    launcher = check_launcher(launcher, w, space, base_dir)
     reasoner_raw = data.get("reasoner")
     if isinstance(reasoner_raw, str):
         reasoner_raw = {"analysis": reasoner_raw, "generation": reasoner_raw, "failure": reasoner_raw}
     reasoner = _validated(ReasonerSpec, _mapping(reasoner_raw, "reasoner"), "reasoner")
-    name = data.get("name") or (origin.stem if origin else "job")
-    seed = data.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise SpecError("seed", f"must be an integer, got {seed!r}")
     calibration = data.get("calibration")
     if calibration is not None:
-        path = Path(str(calibration))
-        if not path.is_absolute() and origin is not None:
-            path = (origin.parent / path).resolve()
-        try:
-            load_constants(path)
-        except (OSError, ValueError) as exc:
-            raise SpecError("calibration", str(exc).splitlines()[0]) from None
-        calibration = str(path)
-    return JobSpec(name=str(name), workload=w, search_space=space, baseline=baseline, budget=budget,
+        path = resolve(_path_field(calibration, "calibration"), base_dir)
+        read_calibration(path, "calibration")
+        calibration = str(path.resolve())
+    return JobSpec(name=name, workload=w, search_space=space, baseline=baseline, budget=budget,
                    launcher=launcher, reasoner=reasoner, seed=seed, calibration=calibration)
 
 
-def load_spec(path: str | Path) -> JobSpec:
-    """Reads and validates a YAML spec; raises SpecError with a one-line reason."""
-    path = Path(path)
-    if not path.is_file():
-        raise SpecError("", f"no such spec file: {path}")
+def parse_spec_text(text: str | bytes, *, origin_name: str | None = None, base_dir: Path | None = None) -> JobSpec:
+    """A JobSpec from the text of a spec (YAML, or JSON, which YAML reads too); the one entry point
+    the CLI and the REST API share, so both give the same errors.
+
+    `origin_name` names the document in errors and is the default job name (its stem);
+    `base_dir` is where relative paths in the spec (launcher.data, calibration) are found (None: the
+    current directory). Raises SpecError(field, reason), one line, for anything that cannot run."""
+    where = origin_name or "spec"
+    if isinstance(text, (bytes, bytearray)):
+        if len(text) > MAX_SPEC_BYTES:
+            raise SpecError(where, f"{len(text):,} bytes; a spec may be at most {MAX_SPEC_BYTES:,}")
+        text = decode_text(bytes(text), where, where, "spec")
+    elif len(text) > MAX_SPEC_BYTES:
+        raise SpecError(where, f"{len(text):,} characters; a spec may be at most {MAX_SPEC_BYTES:,}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError("", f"{path.name} is not valid YAML{where}: {problem}") from None
-    return parse_spec(data, origin=path)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(p for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p)
+        raise SpecError(where, f"not valid YAML{at}: {problem or str(exc).splitlines()[0]}") from None
+    if data is None:
+        raise SpecError(where, "is empty")
+    return parse_spec(data, origin_name=origin_name, base_dir=base_dir)
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Reads and validates a YAML spec file; raises SpecError with a one-line reason."""
+    path = Path(path)
+    if not path.is_file() and not path.exists():
+        raise SpecError("SPEC.yaml", f"no such spec file: {path}")
+    text = read_text(path, "SPEC.yaml", "spec", MAX_SPEC_BYTES)
+    return parse_spec_text(text, origin_name=path.name, base_dir=path.parent)
