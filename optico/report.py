@@ -60,5 +60,6 @@ def job_result(store: Store, job_id: int) -> dict[str, Any]:
             "metrics": _metrics(t),
             "failure": _failure(t),
             "rationale": t.rationale,
+            "log_path": t.log_path,
         } for t in trials],
     }
