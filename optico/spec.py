@@ -14,12 +14,14 @@ REST API share `parse_spec_text`, so both give the same errors.
 from __future__ import annotations
 
 import itertools
+import random
 import re
+import time
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from optico.errors import SpecError
 from optico.input_files import MAX_SPEC_BYTES, check_replay_csv, decode_text, read_calibration, read_text, resolve
@@ -50,14 +52,14 @@ class Budget(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_trials: PositiveInt = Field(20, le=MAX_TRIALS, description="Validation runs at most (the paper's T_max).")
-    gpu_hours: float | None = Field(None, gt=0, le=1e9, description="GPU-hours the runs may spend.")
-    patience: PositiveInt | None = Field(None, le=MAX_TRIALS, description="Stop after this many trials without a better MFU.")
+    max_trials: PositiveInt = Field(20, description="Validation runs at most (the paper's T_max).")
+    gpu_hours: float | None = Field(None, gt=0, description="GPU-hours the runs may spend.")
+    patience: PositiveInt | None = Field(None, description="Stop after this many trials without a better MFU.")
     target_mfu: float | None = Field(None, gt=0, le=1, description="Stop once a trial reaches this MFU.")
     converge_tol: float | None = Field(0.005, ge=0, lt=1, description="Stop once no untried configuration is "
                                        "predicted to beat the best measured MFU by more than this fraction "
                                        "(the model, corrected by the job's measurements); None = never.")
-    min_trials: PositiveInt = Field(8, le=MAX_TRIALS, description="Trials before convergence may stop the job.")
+    min_trials: PositiveInt = Field(8, description="Trials before convergence may stop the job.")
 
 
 class LauncherSpec(BaseModel):
@@ -66,41 +68,32 @@ class LauncherSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["sim", "replay", "local", "ray"] = "sim"
-    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Simulator noise seed; None = the job's seed.")
+    seed: int | None = Field(None, description="Simulator noise seed; None = the job's seed.")
     noise: float = Field(0.01, ge=0, le=0.5, description="Simulator: relative step-time noise (std dev).")
     hang_rate: float = Field(0.02, ge=0, le=1, description="Simulator: chance a run hangs (NCCL watchdog).")
     infra_rate: float = Field(0.0, ge=0, le=1, description="Simulator: chance a run dies of a node fault.")
     delay_s: float = Field(0.0, ge=0, le=3600, description="Simulator: real seconds each run takes (to watch "
                                                             "progress, or interrupt a run).")
-    data: str | None = Field(None, max_length=MAX_PATH_CHARS, description="Replay: the CSV of measured runs.")
-    timeout_s: float = Field(3600, gt=0, le=MAX_SECONDS, description="Wall-clock limit of one run.")
-    hang_s: float = Field(600, gt=0, le=MAX_SECONDS, description="A run printing nothing for this long is hung.")
-    address: str | None = Field(None, max_length=MAX_PATH_CHARS, description="Ray: cluster address (auto, ray://host:port, local); None = "
+    data: str | None = Field(None, description="Replay: the CSV of measured runs.")
+    timeout_s: float = Field(3600, gt=0, description="Wall-clock limit of one run.")
+    hang_s: float = Field(600, gt=0, description="A run printing nothing for this long is hung.")
+    address: str | None = Field(None, description="Ray: cluster address (auto, ray://host:port, local); None = "
                                                   "an existing cluster (RAY_ADDRESS, `ray start`), else a new "
                                                   "local one.")
     program: ProgramSpec | None = Field(None, description="local/ray: what torchrun runs: {kind: megatron-core} "
                                                           "(default) or {kind: megatron-lm, command: [...]}.")
-    env: dict[str, str] = Field(default_factory=dict, max_length=512,
-                               description="Environment for the training processes.")
-    run_dir: str | None = Field(None, max_length=MAX_PATH_CHARS, description="local/ray: where trial run directories go; None = "
+    env: dict[str, str] = Field(default_factory=dict, description="Environment for the training processes.")
+    run_dir: str | None = Field(None, description="local/ray: where trial run directories go; None = "
                                                   "<data dir>/runs.")
-    num_cpus_per_node: float = Field(1, gt=0, le=4096, description="Ray: CPUs each node's bundle reserves (keep it small: "
+    num_cpus_per_node: float = Field(1, gt=0, description="Ray: CPUs each node's bundle reserves (keep it small: "
                                                           "a placement group holding every CPU starves Ray).")
     runtime_env: dict[str, Any] = Field(default_factory=dict, description="Ray: runtime_env of the node actors "
                                         "(env_vars, working_dir, image_uri, ...), passed through.")
-    placement_timeout_s: float = Field(120, gt=0, le=MAX_SECONDS, description="Ray: fail a trial whose placement group is not "
+    placement_timeout_s: float = Field(120, gt=0, description="Ray: fail a trial whose placement group is not "
                                                               "ready after this long (the cluster lacks GPUs).")
     max_infra_retries: int = Field(2, ge=0, le=10, description="Ray: re-runs of a trial whose node or actor died.")
     ray_init: dict[str, Any] = Field(default_factory=dict, description="Ray: ray.init() keywords when this "
                                      "process starts the cluster, e.g. {num_gpus: 2} for logical GPUs.")
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
-            if not ENV_NAME.fullmatch(name):
-                raise ValueError(f"{name[:50]!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-        return env
 
 
 class ReasonerSpec(BaseModel):
@@ -118,49 +111,53 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    name: str
     workload: Workload
     search_space: SearchSpace
     baseline: Strategy | None = None
     budget: Budget = Budget()
     launcher: LauncherSpec = LauncherSpec()
     reasoner: ReasonerSpec = ReasonerSpec()
-    seed: int = Field(0, ge=0, le=MAX_SEED)
-    calibration: str | None = Field(None, max_length=MAX_PATH_CHARS, description="Performance-model constants (JSON from `optico perfmodel "
+    seed: int = 0
+    calibration: str | None = Field(None, description="Performance-model constants (JSON from `optico perfmodel "
                                                       "calibrate`); None = $OPTICO_CALIBRATION, else the shipped ones.")
-
-    @field_validator("name")
-    @classmethod
-    def _printable(cls, name: str) -> str:
-        if _CONTROL.search(name):
-            raise ValueError("must be printable text (no control, escape or bidi characters)")
-        return name
 
 
 # -- bounds ---------------------------------------------------------------------------------
 
-# Inclusive upper bounds on the workload, far beyond any real job (the largest public models have
-# ~130 layers, 16K hidden, 256 experts, 1M-token contexts) and low enough that FLOPs, memory and
-# the default search domains stay small and exact.
-LIMITS: dict[str, int] = {
-    "model.num_layers": 1024,
-    "model.hidden_size": 262_144,
-    "model.num_attention_heads": 4096,
-    "model.num_query_groups": 4096,
-    "model.kv_channels": 16_384,
-    "model.ffn_hidden_size": 1_048_576,
-    "model.vocab_size": 16_777_216,
-    "model.num_experts": 4096,
-    "model.moe_router_topk": 256,
-    "model.moe_ffn_hidden_size": 1_048_576,
-    "model.moe_shared_expert_intermediate_size": 1_048_576,
-    "seq_length": 16_777_216,
-    "global_batch_size": 1_048_576,
-    "cluster.gpus_per_node": 1024,
-    "cluster.nodes": 65_536,
-    "cluster.num_gpus": 1_048_576,
-    "cluster.network_gbps": 100_000,
+# Inclusive bounds on magnitudes, checked on the input only (a stored job is read back as it was):
+# far beyond any real job (the largest public models have ~130 layers, 16K hidden, 256 experts,
+# 1M-token contexts) and low enough that FLOPs, memory and the default search domains stay small
+# and exact, that seeds fit numpy and that waits fit asyncio.
+LIMITS: dict[str, tuple[float, float]] = {
+    "workload.model.num_layers": (1, 1024),
+    "workload.model.hidden_size": (1, 262_144),
+    "workload.model.num_attention_heads": (1, 4096),
+    "workload.model.num_query_groups": (1, 4096),
+    "workload.model.kv_channels": (1, 16_384),
+    "workload.model.ffn_hidden_size": (1, 1_048_576),
+    "workload.model.vocab_size": (1, 16_777_216),
+    "workload.model.num_experts": (1, 4096),
+    "workload.model.moe_router_topk": (1, 256),
+    "workload.model.moe_ffn_hidden_size": (1, 1_048_576),
+    "workload.model.moe_shared_expert_intermediate_size": (1, 1_048_576),
+    "workload.seq_length": (1, 16_777_216),
+    "workload.global_batch_size": (1, 1_048_576),
+    "workload.cluster.gpus_per_node": (1, 1024),
+    "workload.cluster.nodes": (1, 65_536),
+    "workload.cluster.num_gpus": (1, 1_048_576),
+    "workload.cluster.network_gbps": (0, 100_000),
+    "budget.max_trials": (1, MAX_TRIALS),
+    "budget.min_trials": (1, MAX_TRIALS),
+    "budget.patience": (1, MAX_TRIALS),
+    "budget.gpu_hours": (0, 1e9),
+    "launcher.seed": (0, MAX_SEED),
+    "launcher.timeout_s": (0, MAX_SECONDS),
+    "launcher.hang_s": (0, MAX_SECONDS),
+    "launcher.placement_timeout_s": (0, MAX_SECONDS),
+    "launcher.num_cpus_per_node": (0, 4096),
 }
+MAX_ENV_VARS = 512
 MAX_WORLD_SIZE = 1_048_576
 MAX_TUNABLES = 64
 MAX_DOMAIN_VALUES = 256
@@ -169,17 +166,21 @@ MAX_STRATEGY_INT = 1_048_576  # a parallel size, micro-batch or layer count larg
 # loop keeps every valid one in memory. A space beyond this must list fewer tunables or values.
 MAX_SPACE_COMBINATIONS = 1_000_000
 # Spec load proves the space holds a valid strategy by finding one; it gives up (an error)
-# after this many invalid combinations rather than walk a million of them.
-FEASIBILITY_PROBE = 100_000
+# after this many invalid combinations, or this long, rather than walk a million of them.
+FEASIBILITY_PROBE = 50_000
+FEASIBILITY_SECONDS = 2.0
 
 
 def _check_limits(obj: BaseModel, where: str) -> None:
-    for dotted, limit in LIMITS.items():
+    """Every LIMITS entry under `where` (a section of the spec, e.g. "workload") on its validated model."""
+    for dotted, (low, high) in LIMITS.items():
+        if not dotted.startswith(where + "."):
+            continue
         value: Any = obj
-        for part in dotted.split("."):
+        for part in dotted[len(where) + 1:].split("."):
             value = getattr(value, part, None)
-        if value is not None and value > limit:
-            raise SpecError(f"{where}.{dotted}", f"{value} is more than the limit of {limit:,}")
+        if value is not None and not low <= value <= high:
+            raise SpecError(dotted, f"{value:g} is outside the allowed range {low:g} to {high:,g}")
 
 
 # -- loading ------------------------------------------------------------------------
@@ -362,19 +363,36 @@ def _check_feasible(w: Workload, space: SearchSpace) -> None:
                         f"(MBS {mbss}, {world} GPUs)")
     if _first_valid(space, w) is not None:
         return
-    probed = "" if space.size() <= FEASIBILITY_PROBE else f" (among the first {FEASIBILITY_PROBE:,} combinations)"
+    probed = "" if space.size() <= FEASIBILITY_PROBE else (f" among {FEASIBILITY_PROBE:,} of its {space.size():,} "
+                                                           f"combinations drawn at random; narrow the domains")
     raise SpecError("search_space", f"no valid strategy in the space{probed}; e.g. {space.base().short()}: "
                                     f"{'; '.join(map(str, violations(w, space.base())))}")
 
 
 def _first_valid(space: SearchSpace, w: Workload) -> Strategy | None:
-    """The first valid strategy among the first FEASIBILITY_PROBE combinations, in domain order."""
+    """A valid strategy of the space, or None. Exhaustive up to FEASIBILITY_PROBE combinations;
+    beyond, that many drawn uniformly (seeded), so no domain order can hide the valid ones behind
+    an invalid first value; within FEASIBILITY_SECONDS either way."""
     fields = list(space.tunables)
-    combos = itertools.product(*(space.tunables[f] for f in fields))
-    for values in itertools.islice(combos, FEASIBILITY_PROBE):
+    domains = [space.tunables[f] for f in fields]
+    size = space.size()
+    if size <= FEASIBILITY_PROBE:
+        combos = itertools.product(*domains)
+    else:
+        def decode(index: int) -> tuple[Any, ...]:
+            values = []
+            for domain in reversed(domains):
+                index, digit = divmod(index, len(domain))
+                values.append(domain[digit])
+            return tuple(reversed(values))
+        combos = map(decode, random.Random(0).sample(range(size), FEASIBILITY_PROBE))
+    deadline = time.monotonic() + FEASIBILITY_SECONDS
+    for n, values in enumerate(combos):
         strategy = Strategy.model_validate({**space.fixed, **dict(zip(fields, values))}).normalized()
         if is_valid(w, strategy):
             return strategy
+        if n % 1000 == 999 and time.monotonic() > deadline:
+            break
     return None
 
 
@@ -406,6 +424,21 @@ def _path_field(value: Any, field: str) -> str:
     if len(value) > MAX_PATH_CHARS:
         raise SpecError(field, f"longer than {MAX_PATH_CHARS} characters")
     return value
+
+
+def _launcher(raw: Any) -> LauncherSpec:
+    launcher = _validated(LauncherSpec, _mapping(raw, "launcher"), "launcher")
+    _check_limits(launcher, "launcher")
+    if len(launcher.env) > MAX_ENV_VARS:
+        raise SpecError("launcher.env", f"{len(launcher.env)} variables; at most {MAX_ENV_VARS}")
+    for name in launcher.env:
+        if not ENV_NAME.fullmatch(name):
+            raise SpecError("launcher.env", f"{name[:50]!r} is not an environment variable name "
+                                            f"([A-Za-z_][A-Za-z0-9_]*)")
+    for key in ("data", "address", "run_dir"):
+        if len(getattr(launcher, key) or "") > MAX_PATH_CHARS:
+            raise SpecError(f"launcher.{key}", f"longer than {MAX_PATH_CHARS} characters")
+    return launcher
 
 
 def check_launcher(launcher: LauncherSpec, w: Workload, space: SearchSpace,
@@ -463,7 +496,8 @@ def parse_spec(data: Any, origin: Path | None = None, *, origin_name: str | None
     _check_feasible(w, space)
     baseline = _baseline(data.get("baseline"), w, space)
     budget = _validated(Budget, _mapping(data.get("budget"), "budget"), "budget")
-    launcher = _validated(LauncherSpec, _mapping(data.get("launcher"), "launcher"), "launcher")
+    _check_limits(budget, "budget")
+    launcher = _launcher(data.get("launcher"))
     launcher = check_launcher(launcher, w, space, base_dir)
     reasoner_raw = data.get("reasoner")
     if isinstance(reasoner_raw, str):
@@ -507,7 +541,7 @@ def parse_spec_text(text: str | bytes, *, origin_name: str | None = None, base_d
 def load_spec(path: str | Path) -> JobSpec:
     """Reads and validates a YAML spec file; raises SpecError with a one-line reason."""
     path = Path(path)
-    if not path.is_file() and not path.exists():
-        raise SpecError("SPEC.yaml", f"no such spec file: {path}")
-    text = read_text(path, "SPEC.yaml", "spec", MAX_SPEC_BYTES)
+    if not path.exists():
+        raise SpecError(path.name or "SPEC.yaml", f"no such spec file: {path}")
+    text = read_text(path, path.name or "SPEC.yaml", "spec", MAX_SPEC_BYTES)
     return parse_spec_text(text, origin_name=path.name, base_dir=path.parent)

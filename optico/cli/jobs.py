@@ -112,7 +112,9 @@ def _show_messages(store, job_id: int, *, iteration: int | None, agent: str | No
             console.rule(Text(terminal_text(title, one_line=True, max_chars=120)))
             if msg.text:
                 console.print(rich_text(msg.text, max_chars=20_000))
-            console.print_json(json.dumps(content, default=str))
+            # Not print_json: it re-renders strings with bidi and C1 characters raw.
+            console.print(rich_text(json.dumps(content, indent=2, default=str, ensure_ascii=False),
+                                    max_chars=200_000))
             continue
         console.print(Text(terminal_text(title, one_line=True, max_chars=120), style="bold"))
         body = Text()

@@ -26,6 +26,17 @@ def _figures_table(title: str, report: dict[str, Any]) -> Table:
     return table
 
 
+def _calibration(path: Path, option: str):
+    """Constants from a calibration file given on the command line, or a one-line error."""
+    from optico.errors import SpecError
+    from optico.input_files import read_calibration
+
+    try:
+        return read_calibration(path, option)
+    except SpecError as exc:
+        fail(exc)
+
+
 @perf_app.command("evaluate")
 def perfmodel_evaluate(
     data: list[Path] = typer.Option(..., "--data", help="Replay CSV file(s) of measured runs."),
@@ -40,10 +51,11 @@ def perfmodel_evaluate(
 
     data = [*data, *(more or [])]
     require_files("--data", data)
+    constants = _calibration(calibration, "--calibration") if calibration else load_constants()
     try:
-        report = evaluate_files(data, load_constants(calibration))
+        report = evaluate_files(data, constants)
     except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc))
+        fail(f"--data: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
     if as_json:
         print(json.dumps({"files": report["files"], "overall": report["overall"]}, indent=2))
         return
@@ -62,7 +74,7 @@ def perfmodel_calibrate(
     data: list[Path] = typer.Option(..., "--data", help="Replay CSV file(s) to fit on."),
     more: Optional[list[Path]] = MoreFilesArgument,
     out: Optional[Path] = typer.Option(None, "--out", help="Write the fitted constants here (JSON)."),
-    max_evals: int = typer.Option(40, "--max-evals", help="Least-squares evaluations (each predicts every row)."),
+    max_evals: int = typer.Option(40, "--max-evals", min=1, max=100_000, help="Least-squares evaluations (each predicts every row)."),
     field: Optional[list[str]] = typer.Option(None, "--field", help="Fit only these constants (repeatable)."),
     holdout: Optional[list[Path]] = typer.Option(None, "--holdout", metavar="FILE.csv",
                                                  help="Measured rows kept out of the fit; evaluate's figures on "
@@ -70,7 +82,7 @@ def perfmodel_calibrate(
     start: Optional[str] = typer.Option(None, "--start", metavar="defaults|FILE.json",
                                         help="Constants to start from: 'defaults' (uncalibrated) or a JSON file "
                                              "(default: the calibration in use)."),
-    prior: float = typer.Option(1.0, "--prior", min=0.0, help="Pull of each constant toward its start (0 = none)."),
+    prior: float = typer.Option(1.0, "--prior", min=0.0, max=1e6, help="Pull of each constant toward its start (0 = none)."),
 ) -> None:
     """Fit the model's free constants to measured rows; report evaluate's figures before and after."""
     from optico.perfmodel.calibrate import calibrate, worse_figures
@@ -79,14 +91,14 @@ def perfmodel_calibrate(
     data = [*data, *(more or [])]
     require_files("--data", data)
     require_files("--holdout", holdout or [])
-    if start not in (None, "defaults") and not Path(start).is_file():
+    if start not in (None, "defaults") and not Path(start).exists():
         fail(f"--start: no such file: {start} (or say 'defaults')")
+    begin = Constants() if start == "defaults" else _calibration(Path(start), "--start") if start else load_constants()
     try:
-        begin = Constants() if start == "defaults" else load_constants(start)
         result = calibrate(data, start=begin, fields=field or None, max_nfev=max_evals,
                            holdout=list(holdout or []) or None, prior=prior)
     except (KeyError, ValueError) as exc:
-        fail(str(exc.args[0] if exc.args else exc))
+        fail(str(exc.args[0] if exc.args else exc).splitlines()[0])
     console.print(_figures_table("before", result.before))
     console.print(_figures_table("after", result.after))
     console.print(f"cost {result.cost_before:.4f} -> {result.cost_after:.4f}")
