@@ -19,13 +19,14 @@ from optico.cli.perfmodel import perf_app
 from optico.cli.tune import tune
 from optico.llm.cli import llm_app
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Tune Megatron training configurations.")
-app.command()(tune)
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  help="Tune Megatron training configurations.")
+app.command(short_help="Run a tuning job (or resume one).")(tune)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(perf_app, name="perfmodel")
 app.add_typer(db_app, name="db")
 app.add_typer(llm_app, name="llm")
-app.command("bench")(bench)
+app.command("bench", short_help="Benchmark OptiCo against other tuners.")(bench)
 
 
 def _usage_field(exc: typer.TyperException) -> str:

@@ -22,8 +22,8 @@ err = Console(stderr=True)
 
 # Click options take one value each; the files after the first come in as arguments, so both
 # `--data a.csv b.csv` (a shell glob) and `--data a.csv --data b.csv` work.
-MoreFilesArgument = typer.Argument(None, metavar="[FILE.csv ...]", show_default=False,
-                                   help="More CSV files after the first --data one.")
+# Hidden from the argument list (its type would show as <list[Path]>); --data's help says it.
+MoreFilesArgument = typer.Argument(None, metavar="[FILE.csv ...]", show_default=False, hidden=True)
 DatabaseOption = typer.Option(None, "--database", envvar="OPTICO_DATABASE_URL", metavar="URL",
                               help="SQLAlchemy URL of the pool (default: SQLite in the user data dir).")
 # Job ids are SQL integers: anything outside this range is no job and must not reach the driver.
@@ -31,6 +31,12 @@ MAX_ID = 2**63 - 1
 
 # The first bytes of every SQLite 3 database file.
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def check_id(value: int | None, option: str) -> None:
+    """Ids are SQL integers from 1 (checked here, not as a typer range: its help would print 2**63)."""
+    if value is not None and not 1 <= value <= MAX_ID:
+        fail(SpecError(option, f"{value} is not a valid id (1 to {MAX_ID})"))
 
 
 def fail(message: str | SpecError, code: int = 2) -> NoReturn:

@@ -10,7 +10,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from optico.cli.common import MAX_ID, DatabaseOption, console, fail, open_store, shown_url
+from optico.cli.common import DatabaseOption, check_id, console, fail, open_store, shown_url
 from optico.cli.views import resume_hint, status_label, summary, trial_block, worker_gone
 from optico.textsafe import rich_text, terminal_text
 
@@ -30,7 +30,7 @@ def _short_stop(reason: str | None) -> str:
 
 @jobs_app.command("list")
 def jobs_list(database: Optional[str] = DatabaseOption,
-              limit: int = typer.Option(20, "--limit", min=1, max=MAX_LIST, help="How many."),
+              limit: int = typer.Option(20, "--limit", min=1, max=MAX_LIST, metavar="N", help="How many."),
               wide: bool = typer.Option(False, "--wide", help="Full names and stop reasons (rows may wrap).")) -> None:
     """Jobs in the pool, newest first: one row each (--wide: everything, wrapped)."""
     store, _ = open_store(database)
@@ -134,10 +134,10 @@ def _show_messages(store, job_id: int, *, iteration: int | None, agent: str | No
 
 
 @jobs_app.command("show")
-def jobs_show(job_id: int = typer.Argument(..., metavar="JOB_ID", min=1, max=MAX_ID),
+def jobs_show(job_id: int = typer.Argument(..., metavar="JOB_ID", show_default=False),
               messages: bool = typer.Option(False, "--messages", help="Each agent's output per iteration, one "
                                                                       "short entry each."),
-              iteration: Optional[int] = typer.Option(None, "--iteration", metavar="N", min=1, max=MAX_ID,
+              iteration: Optional[int] = typer.Option(None, "--iteration", metavar="N",
                                                       help="Only this iteration's messages (implies --messages)."),
               agent: Optional[str] = typer.Option(None, "--agent", metavar="NAME",
                                                   help="Only this agent's messages: analysis, generation, guard, "
@@ -150,6 +150,8 @@ def jobs_show(job_id: int = typer.Argument(..., metavar="JOB_ID", min=1, max=MAX
               reasoning: bool = typer.Option(False, "--reasoning", help="Include stored chain of thought."),
               database: Optional[str] = DatabaseOption) -> None:
     """One job: its trials, its best configuration, and optionally the agents' messages."""
+    check_id(job_id, "JOB_ID")
+    check_id(iteration, "--iteration")
     from optico.report import job_result
 
     store, url = open_store(database)

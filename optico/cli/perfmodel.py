@@ -39,10 +39,11 @@ def _calibration(path: Path, option: str):
 
 @perf_app.command("evaluate")
 def perfmodel_evaluate(
-    data: list[Path] = typer.Option(..., "--data", help="Replay CSV file(s) of measured runs."),
+    data: list[Path] = typer.Option(..., "--data", metavar="FILE.csv",
+                                    help="Replay CSV file(s) of measured runs (more may follow: --data a.csv b.csv)."),
     more: Optional[list[Path]] = MoreFilesArgument,
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", envvar="OPTICO_CALIBRATION",
+    calibration: Optional[Path] = typer.Option(None, "--calibration", envvar="OPTICO_CALIBRATION", metavar="FILE.json",
                                                help="Constants to evaluate (default: the shipped calibration)."),
 ) -> None:
     """Compare the model's predictions with measured runs: fit/OOM accuracy, MFU and memory error, rank correlation."""
@@ -71,18 +72,19 @@ def perfmodel_evaluate(
 
 @perf_app.command("calibrate")
 def perfmodel_calibrate(
-    data: list[Path] = typer.Option(..., "--data", help="Replay CSV file(s) to fit on."),
+    data: list[Path] = typer.Option(..., "--data", metavar="FILE.csv",
+                                    help="Replay CSV file(s) to fit on (more may follow: --data a.csv b.csv)."),
     more: Optional[list[Path]] = MoreFilesArgument,
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the fitted constants here (JSON)."),
-    max_evals: int = typer.Option(40, "--max-evals", min=1, max=100_000, help="Least-squares evaluations (each predicts every row)."),
-    field: Optional[list[str]] = typer.Option(None, "--field", help="Fit only these constants (repeatable)."),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="FILE.json", help="Write the fitted constants here (JSON)."),
+    max_evals: int = typer.Option(40, "--max-evals", min=1, max=100_000, metavar="N", help="Least-squares evaluations (each predicts every row)."),
+    field: Optional[list[str]] = typer.Option(None, "--field", metavar="NAME", help="Fit only these constants (repeatable)."),
     holdout: Optional[list[Path]] = typer.Option(None, "--holdout", metavar="FILE.csv",
                                                  help="Measured rows kept out of the fit; evaluate's figures on "
                                                       "them before and after (repeatable)."),
     start: Optional[str] = typer.Option(None, "--start", metavar="defaults|FILE.json",
                                         help="Constants to start from: 'defaults' (uncalibrated) or a JSON file "
                                              "(default: the calibration in use)."),
-    prior: float = typer.Option(1.0, "--prior", min=0.0, max=1e6, help="Pull of each constant toward its start (0 = none)."),
+    prior: float = typer.Option(1.0, "--prior", min=0.0, max=1e6, metavar="W", help="Pull of each constant toward its start (0 = none)."),
 ) -> None:
     """Fit the model's free constants to measured rows; report evaluate's figures before and after."""
     from optico.perfmodel.calibrate import calibrate, worse_figures

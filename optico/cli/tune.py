@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from optico.cli.common import MAX_ID, DatabaseOption, check_output_path, console, fail, open_store, shown_url
+from optico.cli.common import DatabaseOption, check_id, check_output_path, console, fail, open_store, shown_url
 from optico.cli.views import summary, trial_block
 from optico.spec import MAX_SEED, MAX_TRIALS, Budget, JobSpec, ReasonerSpec, SpecError, check_launcher, load_spec
 from optico.textsafe import markup, rich_text, terminal_text
@@ -131,18 +131,19 @@ def tune(
     spec_path: Optional[Path] = typer.Argument(None, metavar="SPEC.yaml", help="The workload spec."),
     launcher: Optional[str] = typer.Option(None, "--launcher", metavar="sim|replay|local|ray",
                                            help="Override the spec's launcher."),
-    max_trials: Optional[int] = typer.Option(None, "--max-trials", min=1, max=MAX_TRIALS,
+    max_trials: Optional[int] = typer.Option(None, "--max-trials", min=1, max=MAX_TRIALS, metavar="N",
                                              help="Override the trial budget."),
-    seed: Optional[int] = typer.Option(None, "--seed", min=0, max=MAX_SEED, help="Override the job seed."),
+    seed: Optional[int] = typer.Option(None, "--seed", min=0, max=MAX_SEED, metavar="S", help="Override the job seed."),
     reasoner: Optional[str] = typer.Option(None, "--reasoner", metavar="rules|openai",
                                            help="Override the spec's reasoners for all three agents "
                                                 "(openai: endpoint from OPTICO_LLM_*)."),
     json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH", help="Write the result as JSON here."),
-    resume: Optional[int] = typer.Option(None, "--resume", metavar="JOB_ID", min=1, max=MAX_ID,
+    resume: Optional[int] = typer.Option(None, "--resume", metavar="JOB_ID",
                                          help="Resume an interrupted job."),
     database: Optional[str] = DatabaseOption,
 ) -> None:
     """Run a tuning job (or resume one) and print the best configuration."""
+    check_id(resume, "--resume")
     if resume is None and spec_path is None:
         fail("SPEC.yaml: give a spec file, or --resume JOB_ID")
     if resume is not None and spec_path is not None:

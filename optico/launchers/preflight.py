@@ -112,7 +112,7 @@ def _check_ray(spec, world: int) -> int | None:
 
         known = set(inspect.signature(ray.init).parameters)
         for key in launcher.ray_init:
-            if key not in known:
+            if key not in known and not key.startswith("_"):  # ray.init's **kwargs take private keys
                 raise SpecError(f"launcher.ray_init.{key}", "not a ray.init() keyword")
     declared = launcher.ray_init.get("num_gpus")
     if declared is None:

@@ -34,6 +34,13 @@ REPLAY: dict[str, Any] = {
     "launcher": {"kind": "replay", "data": "runs.csv"},
 }
 
+TINY_CPU: dict[str, Any] = {
+    "name": "hostile-cpu",
+    "workload": {"model": "tiny-gpt", "seq_length": 64, "global_batch_size": 8,
+                 "cluster": {"gpu": "cpu", "gpus_per_node": 2, "nodes": 1}},
+    "search_space": {"tunables": {"tp": [1, 2], "mbs": [1, 2]}},
+}
+
 
 @dataclass
 class Case:
@@ -270,6 +277,12 @@ MACHINE_CASES = [
                                                  "workload.cluster.nodes", 2), "launcher.kind"),
     Case("run_dir under a file", edit(GOOD, "launcher", {"kind": "local", "run_dir": "/etc/hostname/runs"}),
          "launcher.run_dir"),
+    Case("ray_init with an unknown keyword", edit(TINY_CPU, "launcher", {"kind": "ray", "address": "local",
+                                                                        "ray_init": {"num_gpus": 2, "gpus": 2}}),
+         "launcher.ray_init.gpus"),
+    Case("ray local cluster with too few logical GPUs",
+         edit(TINY_CPU, "launcher", {"kind": "ray", "address": "local", "ray_init": {"num_gpus": 1}}),
+         "launcher.ray_init.num_gpus"),
 ]
 
 

@@ -67,6 +67,9 @@ ARGS = [
     ("jobs list --limit 0", lambda s, t: ["jobs", "list", "--limit", "0"], "--limit"),
     ("jobs list --limit huge", lambda s, t: ["jobs", "list", "--limit", "9" * 20], "--limit"),
     ("unknown command", lambda s, t: ["jobs", "lst"], "optico jobs"),
+    ("db upgrade with a mysql URL", lambda s, t: ["db", "upgrade", "--database", "mysql://db/x"], "--database"),
+    ("db upgrade of a text file", lambda s, t: ["db", "upgrade", "--database", f"sqlite:///{_not_a_db(t)}"],
+     "--database"),
     ("perfmodel --data is /etc/passwd", lambda s, t: ["perfmodel", "evaluate", "--data", "/etc/passwd"], "--data"),
     ("perfmodel --data binary", lambda s, t: ["perfmodel", "evaluate", "--data", "/bin/sh"], "--data"),
     ("perfmodel --calibration not JSON", lambda s, t: ["perfmodel", "evaluate", "--data", str(
