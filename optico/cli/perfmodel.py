@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from optico.cli.common import MoreFilesArgument, console, fail, require_files
+from optico.textsafe import markup, rich_text
 
 perf_app = typer.Typer(no_args_is_help=True, help="The analytic performance model.")
 
@@ -21,8 +22,8 @@ def _figures_table(title: str, report: dict[str, Any]) -> Table:
         return "-" if x is None else f"{x:.1%}"
 
     for name, f in [*report["files"].items(), ("overall", report["overall"])]:
-        table.add_row(name, str(f["rows"]), str(f["skipped"]), pct(f["oom_accuracy"]), pct(f["mfu_median_ape"]),
-                      pct(f["mem_median_ape"]), "-" if f["spearman"] is None else f"{f['spearman']:.2f}")
+        table.add_row(rich_text(name, one_line=True), str(f["rows"]), str(f["skipped"]), pct(f["oom_accuracy"]),
+                      pct(f["mfu_median_ape"]), pct(f["mem_median_ape"]), "-" if f["spearman"] is None else f"{f['spearman']:.2f}")
     return table
 
 
@@ -64,9 +65,9 @@ def perfmodel_evaluate(
     for name, d in report["details"].items():
         if d["skip_reasons"]:
             reasons = ", ".join(f"{k} ({v})" for k, v in list(d["skip_reasons"].items())[:4])
-            console.print(f"[dim]{name}: skipped — {reasons}[/]", highlight=False)
+            console.print(f"[dim]{markup(name)}: skipped — {markup(reasons)}[/]", highlight=False)
         if d.get("mfu_unscored_not_tuned") and name != "overall":
-            console.print(f"[dim]{name}: MFU not scored on {d['mfu_unscored_not_tuned']} rows whose times are "
+            console.print(f"[dim]{markup(name)}: MFU not scored on {d['mfu_unscored_not_tuned']} rows whose times are "
                           f"not tuned throughput (memory and fit/OOM are)[/]", highlight=False)
 
 
@@ -75,16 +76,20 @@ def perfmodel_calibrate(
     data: list[Path] = typer.Option(..., "--data", metavar="FILE.csv",
                                     help="Replay CSV file(s) to fit on (more may follow: --data a.csv b.csv)."),
     more: Optional[list[Path]] = MoreFilesArgument,
-    out: Optional[Path] = typer.Option(None, "--out", metavar="FILE.json", help="Write the fitted constants here (JSON)."),
-    max_evals: int = typer.Option(40, "--max-evals", min=1, max=100_000, metavar="N", help="Least-squares evaluations (each predicts every row)."),
-    field: Optional[list[str]] = typer.Option(None, "--field", metavar="NAME", help="Fit only these constants (repeatable)."),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="FILE.json",
+                                       help="Write the fitted constants here (JSON)."),
+    max_evals: int = typer.Option(40, "--max-evals", min=1, max=100_000, metavar="N",
+                                  help="Least-squares evaluations (each predicts every row)."),
+    field: Optional[list[str]] = typer.Option(None, "--field", metavar="NAME",
+                                              help="Fit only these constants (repeatable)."),
     holdout: Optional[list[Path]] = typer.Option(None, "--holdout", metavar="FILE.csv",
                                                  help="Measured rows kept out of the fit; evaluate's figures on "
                                                       "them before and after (repeatable)."),
     start: Optional[str] = typer.Option(None, "--start", metavar="defaults|FILE.json",
                                         help="Constants to start from: 'defaults' (uncalibrated) or a JSON file "
                                              "(default: the calibration in use)."),
-    prior: float = typer.Option(1.0, "--prior", min=0.0, max=1e6, metavar="W", help="Pull of each constant toward its start (0 = none)."),
+    prior: float = typer.Option(1.0, "--prior", min=0.0, max=1e6, metavar="W",
+                                help="Pull of each constant toward its start (0 = none)."),
 ) -> None:
     """Fit the model's free constants to measured rows; report evaluate's figures before and after."""
     from optico.perfmodel.calibrate import calibrate, worse_figures

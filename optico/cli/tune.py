@@ -174,15 +174,15 @@ def tune(
             _check_environment(job.spec)
             max_t = job.spec.budget.max_trials
             job_id = resume
-            console.print(Text(f"resuming job {job_id} ({terminal_text(job.name, one_line=True, max_chars=200)}), {len(store.trials(job_id))} "
-                               f"trials recorded"))
+            name = terminal_text(job.name, one_line=True, max_chars=200)
+            console.print(Text(f"resuming job {job_id} ({name}), {len(store.trials(job_id))} trials recorded"))
             _where_files_go(job.spec, url, job_id)
             real_runs = job.spec.launcher.kind in ("local", "ray")
         else:
             job_id = store.create_job(spec)
             max_t = spec.budget.max_trials
-            console.print(Text(f"job {job_id}: {terminal_text(spec.name, one_line=True, max_chars=200)} — {spec.workload.describe()}, "
-                               f"launcher {spec.launcher.kind}"))
+            console.print(Text(f"job {job_id}: {spec.name} — {spec.workload.describe()}, "
+                               f"launcher {spec.launcher.kind}"))  # a spec's name is printable (checked)
             _where_files_go(spec, url, job_id)
             real_runs = spec.launcher.kind in ("local", "ray")
         view = TrialView(max_t, live=console.is_terminal)

@@ -181,8 +181,9 @@ FIELD_CASES: list[tuple[str, Any, str]] = [
     ("search_space.tunables", {"mbs": list(range(1, 5000))}, "search_space.tunables.mbs"),
     ("search_space.tunables", {"tp": [1, 2**60]}, "search_space.tunables.tp"),
     ("search_space.tunables", {"tp": [1, 2], "TP": [1]}, "search_space.tunables.TP"),
-    ("search_space.tunables", {"tp": [1, 2, 4, 8], "pp": list(range(1, 33)), "mbs": list(range(1, 257)), "sp": [False, True],
-                               "cp": [1, 2, 4, 8], "vpp": list(range(1, 9))}, "search_space.tunables"),
+    ("search_space.tunables", {"tp": [1, 2, 4, 8], "pp": list(range(1, 33)), "mbs": list(range(1, 257)),
+                               "sp": [False, True], "cp": [1, 2, 4, 8], "vpp": list(range(1, 9))},
+     "search_space.tunables"),  # 2,097,152 combinations
     ("search_space.tunables", ["tp"] * 100, "search_space.tunables"),
     ("search_space.tunables", "tp, pp", "search_space.tunables"),
     ("search_space.fixed", {"sp": "yes"}, "search_space.fixed.sp"),
