@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import os
 import stat
@@ -25,6 +26,7 @@ from optico.errors import SpecError
 MAX_SPEC_BYTES = 256 * 1024  # a full spec is a few KB
 MAX_CSV_BYTES = 8 * 1024 * 1024  # 8x the largest published table we ship
 MAX_JSON_BYTES = 1024 * 1024  # a calibration is ~2 KB
+MAX_CSV_ROWS = 20_000  # 30x the largest published table; parsing a row costs ~25 us
 
 
 def resolve(path_text: str, base_dir: Path | None) -> Path:
@@ -119,9 +121,14 @@ def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") 
 
     text = read_text(path, field, "replay CSV", MAX_CSV_BYTES)
     try:
-        header = next(csv.reader(io.StringIO(text)), [])
+        records = csv.reader(io.StringIO(text))
+        header = next(records, [])
+        count = sum(1 for _ in itertools.islice(records, MAX_CSV_ROWS + 1))
     except csv.Error as exc:
         raise SpecError(field, f"{path.name} is not a CSV file: {exc}") from None
+    if count > MAX_CSV_ROWS:
+        raise SpecError(field, f"{path.name} has more than {MAX_CSV_ROWS:,} rows; a replay CSV may have at most "
+                               f"{MAX_CSV_ROWS:,}")
     present = [c for c in COLUMNS if c in header]
     if not present:
         raise SpecError(field, f"{path.name} is not a replay CSV: its first line names none of the format's "

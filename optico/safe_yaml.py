@@ -18,6 +18,7 @@ Every refusal is a `yaml.MarkedYAMLError`, so callers report it like a syntax er
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import yaml
@@ -31,6 +32,9 @@ MAX_INT_DIGITS = 19  # 64-bit integers
 
 _TAG = "tag:yaml.org,2002:"
 ALLOWED_TAGS = frozenset(_TAG + t for t in ("str", "int", "float", "bool", "null", "seq", "map", "merge"))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class YamlLimitError(yaml.MarkedYAMLError):
@@ -142,6 +146,8 @@ def check_graph(root: Node) -> None:
                 raise _refuse(f"a value longer than {MAX_SCALAR_CHARS} characters", node)
             if "\x00" in node.value:
                 raise _refuse("a value holds a NUL character", node)
+            if _SURROGATE.search(node.value):  # "\ud800": no encoder (terminal, SQLite, JSON) takes it
+                raise _refuse("a value holds a lone surrogate (not a Unicode character)", node)
         open_path.add(key)
         stack.append((node, True))
         stack.extend((child, False) for child in _children(node) if id(child) not in size)

@@ -26,9 +26,10 @@ from rich.markup import escape as _rich_escape
 from rich.text import Text
 
 # C0 controls except TAB and LF, DEL, C1 controls; bidi embeddings, overrides and isolates;
-# line/paragraph separators (a terminal may treat them as newlines); zero-width joiners are
-# left alone (they are part of ordinary emoji and scripts).
-_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029\ufeff]")
+# line/paragraph separators (a terminal may treat them as newlines); lone surrogates (undecodable
+# bytes of a file name: no encoder takes them); zero-width joiners are left alone (they are part
+# of ordinary emoji and scripts).
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029\ufeff\ud800-\udfff]")
 _NEWLINES = re.compile(r"\r\n|\r|\n")
 
 # Long enough for any name, path or diagnosis a person reads; the rest is elided, not wrapped

@@ -143,6 +143,8 @@ TEXT_CASES = [
     Case("nan noise", (good_yaml() + "launcher: {noise: .nan}\n").encode(), "spec.yaml"),
     Case("5000-digit integer", good_yaml().replace("seq_length: 8192", "seq_length: " + "9" * 5000).encode(),
          "spec.yaml"),
+    Case("lone surrogate in the name", good_yaml().replace("name: hostile", 'name: "x\\ud800"').encode(),
+         "spec.yaml"),
     Case("NUL in an env value", (good_yaml() + 'launcher: {env: {A: "x\\0y"}}\n').encode(), "spec.yaml"),
     Case("boolean key", good_yaml().replace("precision: bf16", "precision: bf16\n  yes: 1").encode(), "spec.yaml"),
     Case("integer key", (good_yaml() + "1: one\n").encode(), "spec.yaml"),
@@ -250,6 +252,8 @@ FILE_CASES = [
          {"runs.csv": csv_with({"notes": "n" * 200_000})}),
     Case("replay CSV with an unclosed quote", REPLAY, "launcher.data",
          {"runs.csv": PAPER_CSV.encode() + b'"unclosed,' + b"x" * 200_000}),
+    Case("replay CSV of 240,000 empty rows", REPLAY, "launcher.data", {"runs.csv": (
+        PAPER_CSV.split("\n")[0] + "\n" + ("," * 25 + "ok" + "," * 6 + "\n") * 240_000).encode()}),
     Case("replay CSV of another workload", edit(REPLAY, "workload.seq_length", 4096), "launcher.data",
          {"runs.csv": PAPER_CSV.encode()}),
     Case("replay launcher without data", edit(REPLAY, "launcher.data", ...), "launcher.data"),
