@@ -441,15 +441,25 @@ def _launcher(raw: Any) -> LauncherSpec:
     return launcher
 
 
+def _confined(path: Path, field: str, files_within: Path | None) -> Path:
+    """`path`, resolved; SpecError unless it lies inside `files_within` (when given)."""
+    resolved = path.resolve()
+    if files_within is not None and not resolved.is_relative_to(files_within.resolve()):
+        raise SpecError(field, f"{path} is outside {files_within}, the folder specs may read files from")
+    return resolved
+
+
 def check_launcher(launcher: LauncherSpec, w: Workload, space: SearchSpace,
-                   base_dir: Path | None = None) -> LauncherSpec:
+                   base_dir: Path | None = None, files_within: Path | None = None) -> LauncherSpec:
     """The launcher section checked against the workload (also after `--launcher` changes its kind):
     the replay CSV read and checked whole, its path made absolute."""
+    if launcher.run_dir is not None and files_within is not None:
+        _confined(resolve(launcher.run_dir, base_dir), "launcher.run_dir", files_within)
     if launcher.kind != "replay":
         return launcher
     if not launcher.data:
         raise SpecError("launcher.data", "the replay launcher needs the CSV of measured runs")
-    path = resolve(_path_field(launcher.data, "launcher.data"), base_dir)
+    path = _confined(resolve(_path_field(launcher.data, "launcher.data"), base_dir), "launcher.data", files_within)
     check_replay_csv(path, w, space, "launcher.data")
     return launcher.model_copy(update={"data": str(path.resolve())})
 
@@ -477,11 +487,12 @@ def _default_name(origin_name: str | None) -> str:
 
 
 def parse_spec(data: Any, origin: Path | None = None, *, origin_name: str | None = None,
-               base_dir: Path | None = None) -> JobSpec:
+               base_dir: Path | None = None, files_within: Path | None = None) -> JobSpec:
     """A JobSpec from parsed YAML; raises SpecError naming the field.
 
     `origin` is the spec file (its stem is the default name, its folder resolves relative paths);
-    or give `origin_name` and `base_dir` separately (the REST API: a name, no folder)."""
+    or give `origin_name` and `base_dir` separately (the REST API: a name, no folder).
+    `files_within`: every file or folder the spec names must lie inside it (a server's data folder)."""
     if origin is not None:
         origin_name = origin_name or origin.name
         base_dir = base_dir or origin.parent
@@ -498,27 +509,30 @@ def parse_spec(data: Any, origin: Path | None = None, *, origin_name: str | None
     budget = _validated(Budget, _mapping(data.get("budget"), "budget"), "budget")
     _check_limits(budget, "budget")
     launcher = _launcher(data.get("launcher"))
-    launcher = check_launcher(launcher, w, space, base_dir)
+    launcher = check_launcher(launcher, w, space, base_dir, files_within)
     reasoner_raw = data.get("reasoner")
     if isinstance(reasoner_raw, str):
         reasoner_raw = {"analysis": reasoner_raw, "generation": reasoner_raw, "failure": reasoner_raw}
     reasoner = _validated(ReasonerSpec, _mapping(reasoner_raw, "reasoner"), "reasoner")
     calibration = data.get("calibration")
     if calibration is not None:
-        path = resolve(_path_field(calibration, "calibration"), base_dir)
+        path = _confined(resolve(_path_field(calibration, "calibration"), base_dir), "calibration", files_within)
         read_calibration(path, "calibration")
-        calibration = str(path.resolve())
+        calibration = str(path)
     return JobSpec(name=name, workload=w, search_space=space, baseline=baseline, budget=budget,
                    launcher=launcher, reasoner=reasoner, seed=seed, calibration=calibration)
 
 
-def parse_spec_text(text: str | bytes, *, origin_name: str | None = None, base_dir: Path | None = None) -> JobSpec:
+def parse_spec_text(text: str | bytes, *, origin_name: str | None = None, base_dir: Path | None = None,
+                    files_within: Path | None = None) -> JobSpec:
     """A JobSpec from the text of a spec (YAML, or JSON, which YAML reads too); the one entry point
     the CLI and the REST API share, so both give the same errors.
 
     `origin_name` names the document in errors and is the default job name (its stem);
     `base_dir` is where relative paths in the spec (launcher.data, calibration) are found (None: the
-    current directory). Raises SpecError(field, reason), one line, for anything that cannot run."""
+    current directory); `files_within`, when given, is the only folder the spec may name files in
+    (a server should not read any file a request names). Raises SpecError(field, reason), one
+    line, for anything that cannot run."""
     where = origin_name or "spec"
     if isinstance(text, (bytes, bytearray)):
         if len(text) > MAX_SPEC_BYTES:
@@ -535,7 +549,7 @@ def parse_spec_text(text: str | bytes, *, origin_name: str | None = None, base_d
         raise SpecError(where, f"not valid YAML{at}: {problem or str(exc).splitlines()[0]}") from None
     if data is None:
         raise SpecError(where, "is empty")
-    return parse_spec(data, origin_name=origin_name, base_dir=base_dir)
+    return parse_spec(data, origin_name=origin_name, base_dir=base_dir, files_within=files_within)
 
 
 def load_spec(path: str | Path) -> JobSpec:

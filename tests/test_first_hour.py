@@ -141,6 +141,12 @@ def test_parse_spec_text_is_the_cli_s_validation(tmp_path: Path):
     with pytest.raises(SpecError) as err:
         parse_spec_text(b"name: x\nname: y\n", origin_name="body")
     assert err.value.field == "body" and "duplicate key 'name'" in err.value.reason
+    # a server confines the files a spec may name to its data folder
+    replay = (EXAMPLES / "llama3-8b-a100-replay.yaml").read_text()
+    assert parse_spec_text(replay, base_dir=EXAMPLES, files_within=EXAMPLES.parent).launcher.kind == "replay"
+    with pytest.raises(SpecError) as err:
+        parse_spec_text(replay, base_dir=EXAMPLES, files_within=tmp_path)
+    assert err.value.field == "launcher.data" and "outside" in err.value.reason
 
 
 def test_flag_lines_wrap_between_flags():
