@@ -299,8 +299,8 @@ def _converged(ctx: LoopContext, trials: list[Trial]) -> str | None:
         return None  # the guard below reports exhaustion
     top = max(remaining)
     if top < best.mfu * (1 + budget.converge_tol):
-        return (f"converged: the best untried configuration is predicted at {top:.1%} MFU, no better than "
-                f"the best measured {best.mfu:.1%} (+{budget.converge_tol:.0%})")
+        return (f"converged: the best untried configuration is predicted at {top:.1%} MFU, not "
+                f"{budget.converge_tol:.1%} better than the best measured {best.mfu:.1%}")
     return None
 
 

@@ -2,32 +2,49 @@
 
 Every error names the field (a dotted path into the YAML) and the reason, as one
 line, so `optico tune` can print it and exit 2 before touching the pool.
+
+Everything is checked here, before a job exists, and within bounds: the text (size, depth,
+aliases, duplicate keys, types: `optico.safe_yaml`), each value's type strictly (`true` is not
+a GPU count, `8.0` not a micro-batch), each magnitude (`LIMITS`: nothing a real job needs is
+refused, nothing that would make the arithmetic or the enumeration blow up is accepted), the
+size of the search space, and the files the spec names (`optico.input_files`). The CLI and the
+REST API share `parse_spec_text`, so both give the same errors.
 """
 
 from __future__ import annotations
 
+import itertools
+import random
+import re
+import time
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
+from optico.errors import SpecError
+from optico.input_files import MAX_SPEC_BYTES, check_replay_csv, decode_text, read_calibration, read_text, resolve
 from optico.launchers.program import ProgramSpec
-from optico.perfmodel.constants import load_constants
-from optico.rules import violations
+from optico.rules import is_valid, violations
+from optico.safe_yaml import load_yaml
 from optico.search_space import SearchSpace
 from optico.strategy import Strategy, canonical_field, strategy_from_mapping
 from optico.workload import PRESETS, Cluster, Framework, ModelArch, Workload
 
+__all__ = ["Budget", "JobSpec", "LauncherSpec", "ReasonerSpec", "SpecError", "load_spec", "parse_spec",
+           "parse_spec_text"]
+
 ReasonerKind = Literal["rules", "openai"]
 
-
-class SpecError(ValueError):
-    """A spec that cannot run: `field` is the dotted path, `reason` says why."""
-
-    def __init__(self, field: str, reason: str):
-        self.field, self.reason = field, reason
-        super().__init__(f"{field}: {reason}" if field else reason)
+MAX_SEED = 2**32 - 1  # numpy's generators take seeds in [0, 2**32)
+MAX_SECONDS = 30 * 24 * 3600.0  # a month: no single run or wait is longer
+MAX_TRIALS = 10_000
+MAX_NAME_CHARS = 200
+MAX_PATH_CHARS = 4096
+# A name printed in every table and log line: any printable text, no control characters.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Budget(BaseModel):
@@ -120,22 +137,94 @@ class JobSpec(BaseModel):
                                                       "calibrate`); None = $OPTICO_CALIBRATION, else the shipped ones.")
 
 
+# -- bounds ---------------------------------------------------------------------------------
+
+# Inclusive bounds on magnitudes, checked on the input only (a stored job is read back as it was):
+# far beyond any real job (the largest public models have ~130 layers, 16K hidden, 256 experts,
+# 1M-token contexts) and low enough that FLOPs, memory and the default search domains stay small
+# and exact, that seeds fit numpy and that waits fit asyncio.
+LIMITS: dict[str, tuple[float, float]] = {
+    "workload.model.num_layers": (1, 1024),
+    "workload.model.hidden_size": (1, 262_144),
+    "workload.model.num_attention_heads": (1, 4096),
+    "workload.model.num_query_groups": (1, 4096),
+    "workload.model.kv_channels": (1, 16_384),
+    "workload.model.ffn_hidden_size": (1, 1_048_576),
+    "workload.model.vocab_size": (1, 16_777_216),
+    "workload.model.num_experts": (1, 4096),
+    "workload.model.moe_router_topk": (1, 256),
+    "workload.model.moe_ffn_hidden_size": (1, 1_048_576),
+    "workload.model.moe_shared_expert_intermediate_size": (1, 1_048_576),
+    "workload.seq_length": (1, 16_777_216),
+    "workload.global_batch_size": (1, 1_048_576),
+    "workload.cluster.gpus_per_node": (1, 1024),
+    "workload.cluster.nodes": (1, 65_536),
+    "workload.cluster.num_gpus": (1, 1_048_576),
+    "workload.cluster.network_gbps": (0, 100_000),
+    "budget.max_trials": (1, MAX_TRIALS),
+    "budget.min_trials": (1, MAX_TRIALS),
+    "budget.patience": (1, MAX_TRIALS),
+    "budget.gpu_hours": (0, 1e9),
+    "launcher.seed": (0, MAX_SEED),
+    "launcher.timeout_s": (0, MAX_SECONDS),
+    "launcher.hang_s": (0, MAX_SECONDS),
+    "launcher.placement_timeout_s": (0, MAX_SECONDS),
+    "launcher.num_cpus_per_node": (0, 4096),
+}
+MAX_ENV_VARS = 512
+MAX_WORLD_SIZE = 1_048_576
+MAX_TUNABLES = 64
+MAX_DOMAIN_VALUES = 256
+MAX_STRATEGY_INT = 1_048_576  # a parallel size, micro-batch or layer count larger than any world or model
+# The product of the domain sizes: enumerating a space costs ~15 us per combination, and the
+# loop keeps every valid one in memory. A space beyond this must list fewer tunables or values.
+MAX_SPACE_COMBINATIONS = 1_000_000
+# Spec load proves the space holds a valid strategy by finding one; it gives up (an error)
+# after this many invalid combinations, or this long, rather than walk a million of them.
+FEASIBILITY_PROBE = 50_000
+FEASIBILITY_SECONDS = 2.0
+
+
+def _check_limits(obj: BaseModel, where: str) -> None:
+    """Every LIMITS entry under `where` (a section of the spec, e.g. "workload") on its validated model."""
+    for dotted, (low, high) in LIMITS.items():
+        if not dotted.startswith(where + "."):
+            continue
+        value: Any = obj
+        for part in dotted[len(where) + 1:].split("."):
+            value = getattr(value, part, None)
+        if value is not None and not low <= value <= high:
+            raise SpecError(dotted, f"{value:g} is outside the allowed range {low:g} to {high:,g}")
+
+
 # -- loading ------------------------------------------------------------------------
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:40] + '...'}"
+
 
 def _loc(prefix: str, err: dict[str, Any]) -> str:
     parts = [prefix] + [str(p) for p in err["loc"] if not str(p).startswith("function-")]
     return ".".join(p for p in parts if p)
 
 
+def _message(err: dict[str, Any]) -> str:
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        return "unknown field"
+    if err["type"].endswith("_type") or err["type"] in ("literal_error", "enum"):
+        msg += f", got {_describe(err.get('input'))}"
+    return msg
+
+
 def _validated(cls: type[BaseModel], data: Any, where: str) -> Any:
+    """`cls` from `data`, strictly: YAML has types, so `true` is no count and `"8"` no number."""
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data, strict=True)
     except ValidationError as exc:
         err = exc.errors()[0]
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        raise SpecError(_loc(where, err), msg) from None
+        raise SpecError(_loc(where, err), _message(err)) from None
 
 
 def _mapping(data: Any, where: str) -> dict[str, Any]:
@@ -146,20 +235,25 @@ def _mapping(data: Any, where: str) -> dict[str, Any]:
     return data
 
 
+def _preset(name: Any, where: str) -> ModelArch:
+    if not isinstance(name, str) or name not in PRESETS:
+        raise SpecError(where, f"unknown preset {str(name)[:60]!r}; known: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]
+
+
 def _model(raw: Any) -> ModelArch:
     where = "workload.model"
     if isinstance(raw, str):
-        if raw not in PRESETS:
-            raise SpecError(where, f"unknown preset {raw!r}; known: {', '.join(sorted(PRESETS))}")
-        return PRESETS[raw]
+        return _preset(raw, where)
     data = dict(_mapping(raw, where))
     preset = data.pop("preset", None)
     if preset is not None:
-        if preset not in PRESETS:
-            raise SpecError(f"{where}.preset", f"unknown preset {preset!r}; known: {', '.join(sorted(PRESETS))}")
-        base = PRESETS[preset].model_dump()
+        base = _preset(preset, f"{where}.preset").model_dump()
         base.update(data)
         data = base
+    name = data.get("name")
+    if isinstance(name, str) and (len(name) > MAX_NAME_CHARS or _CONTROL.search(name)):
+        raise SpecError(f"{where}.name", f"must be printable text of at most {MAX_NAME_CHARS} characters")
     return _validated(ModelArch, data, where)
 
 
@@ -170,36 +264,95 @@ def _workload(raw: Any) -> Workload:
     if "cluster" not in data:
         raise SpecError("workload.cluster", "missing (gpu, gpus_per_node, nodes)")
     model = _model(data.pop("model"))
-    cluster = _validated(Cluster, _mapping(data.pop("cluster"), "workload.cluster"), "workload.cluster")
+    cluster_raw = _mapping(data.pop("cluster"), "workload.cluster")
+    if isinstance(cluster_raw.get("gpu"), str) and len(cluster_raw["gpu"]) > 100:
+        raise SpecError("workload.cluster.gpu", "unknown GPU (a catalog key such as h100-sxm)")
+    cluster = _validated(Cluster, cluster_raw, "workload.cluster")
     framework = _validated(Framework, _mapping(data.pop("framework", None), "workload.framework"),
                            "workload.framework")
-    return _validated(Workload, {**data, "model": model, "cluster": cluster, "framework": framework}, "workload")
+    for key in ("megatron_core", "image"):
+        if len(getattr(framework, key) or "") > MAX_PATH_CHARS:
+            raise SpecError(f"workload.framework.{key}", f"longer than {MAX_PATH_CHARS} characters")
+    w = _validated(Workload, {**data, "model": model, "cluster": cluster, "framework": framework}, "workload")
+    _check_limits(w, "workload")
+    if w.cluster.gpus_per_node * w.cluster.nodes > MAX_WORLD_SIZE:
+        raise SpecError("workload.cluster", f"{w.cluster.nodes} nodes x {w.cluster.gpus_per_node} GPUs is more "
+                                            f"than the limit of {MAX_WORLD_SIZE:,} GPUs")
+    return w
+
+
+def _strategy_value(field: str, value: Any, where: str) -> Any:
+    """One value of a strategy field, checked strictly (a YAML `true` is not a TP of 1) and bounded."""
+    if field == "recompute_granularity" and isinstance(value, str) and value.lower() in ("none", "no", "off"):
+        value = None
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_STRATEGY_INT:
+        raise SpecError(where, f"{value} is more than the limit of {MAX_STRATEGY_INT:,}")
+    try:
+        Strategy.model_validate({field: value}, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise SpecError(where, f"{_describe(value)} is not a valid {field}: {_message(err)}") from None
+    return value
+
+
+def _names(raw: Any, where: str) -> list[tuple[str, str]]:
+    """(name as written, strategy field) for each key of a tunables/fixed/baseline section."""
+    out = []
+    for name in raw:
+        if not isinstance(name, str):
+            raise SpecError(where, f"names must be strings, got {_describe(name)}")
+        try:
+            out.append((name, canonical_field(name)))
+        except KeyError as exc:
+            raise SpecError(where, exc.args[0]) from None
+    return out
 
 
 def _search_space(raw: Any, w: Workload) -> SearchSpace:
     data = _mapping(raw, "search_space")
     unknown = set(data) - {"tunables", "fixed"}
     if unknown:
-        raise SpecError(f"search_space.{sorted(unknown)[0]}", "unknown field (use tunables and fixed)")
+        raise SpecError(f"search_space.{sorted(map(str, unknown))[0]}", "unknown field (use tunables and fixed)")
     tunables = data.get("tunables")
     if tunables is not None and not isinstance(tunables, (list, dict)):
         raise SpecError("search_space.tunables", "must be a list of names or a mapping name -> values")
+    if tunables is not None and not tunables:
+        raise SpecError("search_space.tunables", "is empty: name at least one knob to tune, or leave tunables "
+                                                 "out for the default ones")
+    if tunables is not None and len(tunables) > MAX_TUNABLES:
+        raise SpecError("search_space.tunables", f"{len(tunables)} tunables; at most {MAX_TUNABLES}")
+    fixed = _mapping(data.get("fixed"), "search_space.fixed")
+    seen: dict[str, str] = {}
+    for name, field in _names(tunables or [], "search_space.tunables"):
+        if field in seen:
+            raise SpecError(f"search_space.tunables.{name}", f"names the same knob as {seen[field]!r}")
+        seen[field] = name
+        values = tunables[name] if isinstance(tunables, dict) else None
+        if values is None:
+            continue
+        where = f"search_space.tunables.{name}"
+        if not isinstance(values, list) or not values:
+            raise SpecError(where, "must be a non-empty list of values")
+        if len(values) > MAX_DOMAIN_VALUES:
+            raise SpecError(where, f"{len(values)} values; at most {MAX_DOMAIN_VALUES}")
+        for value in values:
+            _strategy_value(field, value, where)
+    for name, field in _names(fixed, "search_space.fixed"):
+        _strategy_value(field, fixed[name], f"search_space.fixed.{name}")
     try:
-        for name in (tunables or []):
-            canonical_field(str(name))
-        for name in _mapping(data.get("fixed"), "search_space.fixed"):
-            canonical_field(str(name))
-    except KeyError as exc:
-        raise SpecError("search_space.tunables" if "fixed" not in str(exc) else "search_space.fixed",
-                        exc.args[0]) from None
-    try:
-        return SearchSpace.build(w, tunables, data.get("fixed"))
+        space = SearchSpace.build(w, tunables, fixed)
     except (KeyError, ValueError) as exc:
         text = exc.args[0] if exc.args else str(exc)
         field, _, reason = text.partition(": ")
         if field.startswith("search_space"):
             raise SpecError(field, reason) from None
         raise SpecError("search_space", text) from None
+    size = space.size()
+    if size > MAX_SPACE_COMBINATIONS:
+        sizes = " x ".join(f"{f} {len(d)}" for f, d in space.tunables.items() if len(d) > 1)
+        raise SpecError("search_space.tunables", f"{size:,} combinations ({sizes}) are more than the limit of "
+                                                 f"{MAX_SPACE_COMBINATIONS:,}; tune fewer knobs or list fewer values")
+    return space
 
 
 def _check_feasible(w: Workload, space: SearchSpace) -> None:
@@ -222,26 +375,54 @@ def _check_feasible(w: Workload, space: SearchSpace) -> None:
         raise SpecError("workload.global_batch_size",
                         f"{w.global_batch_size} is not divisible by MICRO_BATCH_SIZE·DP for any allowed layout "
                         f"(MBS {mbss}, {world} GPUs)")
-    for s in space.enumerate(w):
+    if _first_valid(space, w) is not None:
         return
-    raise SpecError("search_space", f"no valid strategy in the space; e.g. {space.base().short()}: "
+    probed = "" if space.size() <= FEASIBILITY_PROBE else (f" among {FEASIBILITY_PROBE:,} of its {space.size():,} "
+                                                           f"combinations drawn at random; narrow the domains")
+    raise SpecError("search_space", f"no valid strategy in the space{probed}; e.g. {space.base().short()}: "
                                     f"{'; '.join(map(str, violations(w, space.base())))}")
+
+
+def _first_valid(space: SearchSpace, w: Workload) -> Strategy | None:
+    """A valid strategy of the space, or None. Exhaustive up to FEASIBILITY_PROBE combinations;
+    beyond, that many drawn uniformly (seeded), so no domain order can hide the valid ones behind
+    an invalid first value; within FEASIBILITY_SECONDS either way."""
+    fields = list(space.tunables)
+    domains = [space.tunables[f] for f in fields]
+    size = space.size()
+    if size <= FEASIBILITY_PROBE:
+        combos = itertools.product(*domains)
+    else:
+        def decode(index: int) -> tuple[Any, ...]:
+            values = []
+            for domain in reversed(domains):
+                index, digit = divmod(index, len(domain))
+                values.append(domain[digit])
+            return tuple(reversed(values))
+        combos = map(decode, random.Random(0).sample(range(size), FEASIBILITY_PROBE))
+    deadline = time.monotonic() + FEASIBILITY_SECONDS
+    for n, values in enumerate(combos):
+        strategy = Strategy.model_validate({**space.fixed, **dict(zip(fields, values))}).normalized()
+        if is_valid(w, strategy):
+            return strategy
+        if n % 1000 == 999 and time.monotonic() > deadline:
+            break
+    return None
 
 
 def _baseline(raw: Any, w: Workload, space: SearchSpace) -> Strategy | None:
     if raw is None:
         return None
     data = _mapping(raw, "baseline")
-    try:
-        given = {canonical_field(str(k)): v for k, v in data.items()}
-    except KeyError as exc:
-        raise SpecError("baseline", exc.args[0]) from None
+    given = {}
+    for name, field in _names(data, "baseline"):
+        given[field] = _strategy_value(field, data[name], f"baseline.{name}")
     merged = {**space.fixed, **given}
     try:
         strategy = strategy_from_mapping(merged)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise SpecError(_loc("baseline", err), err["msg"]) from None
+        raise SpecError(_loc("baseline", err), _message(err)) from None
     broken = violations(w, strategy)
     if broken:
         raise SpecError(f"baseline.{broken[0].params[0]}", str(broken[0]))
@@ -251,60 +432,144 @@ def _baseline(raw: Any, w: Workload, space: SearchSpace) -> Strategy | None:
     return strategy
 
 
-def parse_spec(data: Any, origin: Path | None = None) -> JobSpec:
-    """A JobSpec from parsed YAML; raises SpecError naming the field."""
-    data = _mapping(data, "")
+def _path_field(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise SpecError(field, f"must be a file path, got {_describe(value)}")
+    if len(value) > MAX_PATH_CHARS:
+        raise SpecError(field, f"longer than {MAX_PATH_CHARS} characters")
+    return value
+
+
+def _launcher(raw: Any) -> LauncherSpec:
+    launcher = _validated(LauncherSpec, _mapping(raw, "launcher"), "launcher")
+    _check_limits(launcher, "launcher")
+    if len(launcher.env) > MAX_ENV_VARS:
+        raise SpecError("launcher.env", f"{len(launcher.env)} variables; at most {MAX_ENV_VARS}")
+    for name in launcher.env:
+        if not ENV_NAME.fullmatch(name):
+            raise SpecError("launcher.env", f"{name[:50]!r} is not an environment variable name "
+                                            f"([A-Za-z_][A-Za-z0-9_]*)")
+    for key in ("data", "address", "run_dir"):
+        if len(getattr(launcher, key) or "") > MAX_PATH_CHARS:
+            raise SpecError(f"launcher.{key}", f"longer than {MAX_PATH_CHARS} characters")
+    return launcher
+
+
+def _confined(path: Path, field: str, files_within: Path | None) -> Path:
+    """`path`, resolved; SpecError unless it lies inside `files_within` (when given)."""
+    resolved = path.resolve()
+    if files_within is not None and not resolved.is_relative_to(files_within.resolve()):
+        raise SpecError(field, f"{path} is outside {files_within}, the folder specs may read files from")
+    return resolved
+
+
+def check_launcher(launcher: LauncherSpec, w: Workload, space: SearchSpace,
+                   base_dir: Path | None = None, files_within: Path | None = None) -> LauncherSpec:
+    """The launcher section checked against the workload (also after `--launcher` changes its kind):
+    the replay CSV read and checked whole, its path made absolute."""
+    if launcher.run_dir is not None and files_within is not None:
+        _confined(resolve(launcher.run_dir, base_dir), "launcher.run_dir", files_within)
+    if launcher.kind != "replay":
+        return launcher
+    if not launcher.data:
+        raise SpecError("launcher.data", "the replay launcher needs the CSV of measured runs")
+    path = _confined(resolve(_path_field(launcher.data, "launcher.data"), base_dir), "launcher.data", files_within)
+    check_replay_csv(path, w, space, "launcher.data")
+    return launcher.model_copy(update={"data": str(path.resolve())})
+
+
+def _name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise SpecError("name", f"must be a string, got {_describe(name)}")
+    if not 1 <= len(name) <= MAX_NAME_CHARS:
+        raise SpecError("name", f"must be 1 to {MAX_NAME_CHARS} characters, got {len(name):,}")
+    if _CONTROL.search(name):
+        raise SpecError("name", "must be printable text (no control, escape or bidi characters)")
+    return name
+
+
+def _seed(seed: Any) -> int:
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise SpecError("seed", f"must be an integer from 0 to {MAX_SEED}, got {_describe(seed)}")
+    return seed
+
+
+def _default_name(origin_name: str | None) -> str:
+    stem = Path(origin_name).stem if origin_name else ""
+    stem = _CONTROL.sub("_", stem)[:MAX_NAME_CHARS]
+    return stem or "job"
+
+
+def parse_spec(data: Any, origin: Path | None = None, *, origin_name: str | None = None,
+               base_dir: Path | None = None, files_within: Path | None = None) -> JobSpec:
+    """A JobSpec from parsed YAML; raises SpecError naming the field.
+
+    `origin` is the spec file (its stem is the default name, its folder resolves relative paths);
+    or give `origin_name` and `base_dir` separately (the REST API: a name, no folder).
+    `files_within`: every file or folder the spec names must lie inside it (a server's data folder)."""
+    if origin is not None:
+        origin_name = origin_name or origin.name
+        base_dir = base_dir or origin.parent
+    data = _mapping(data, origin_name or "spec")
     known = set(JobSpec.model_fields)
     for key in data:
         if key not in known:
-            raise SpecError(str(key), f"unknown field; known: {', '.join(sorted(known))}")
+            raise SpecError(str(key)[:60], f"unknown field; known: {', '.join(sorted(known))}")
+    name, seed = _name(data.get("name", _default_name(origin_name))), _seed(data.get("seed", 0))
     w = _workload(data.get("workload"))
     space = _search_space(data.get("search_space"), w)
     _check_feasible(w, space)
     baseline = _baseline(data.get("baseline"), w, space)
     budget = _validated(Budget, _mapping(data.get("budget"), "budget"), "budget")
-    launcher = _validated(LauncherSpec, _mapping(data.get("launcher"), "launcher"), "launcher")
-    if launcher.kind == "replay":
-        if not launcher.data:
-            raise SpecError("launcher.data", "the replay launcher needs the CSV of measured runs")
-        path = Path(launcher.data)
-        if not path.is_absolute() and origin is not None:
-            path = (origin.parent / path).resolve()
-        if not path.is_file():
-            raise SpecError("launcher.data", f"no such file: {path}")
-        launcher = launcher.model_copy(update={"data": str(path)})
+    _check_limits(budget, "budget")
+    launcher = _launcher(data.get("launcher"))
+    launcher = check_launcher(launcher, w, space, base_dir, files_within)
     reasoner_raw = data.get("reasoner")
     if isinstance(reasoner_raw, str):
         reasoner_raw = {"analysis": reasoner_raw, "generation": reasoner_raw, "failure": reasoner_raw}
     reasoner = _validated(ReasonerSpec, _mapping(reasoner_raw, "reasoner"), "reasoner")
-    name = data.get("name") or (origin.stem if origin else "job")
-    seed = data.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise SpecError("seed", f"must be an integer, got {seed!r}")
     calibration = data.get("calibration")
     if calibration is not None:
-        path = Path(str(calibration))
-        if not path.is_absolute() and origin is not None:
-            path = (origin.parent / path).resolve()
-        try:
-            load_constants(path)
-        except (OSError, ValueError) as exc:
-            raise SpecError("calibration", str(exc).splitlines()[0]) from None
+        path = _confined(resolve(_path_field(calibration, "calibration"), base_dir), "calibration", files_within)
+        read_calibration(path, "calibration")
         calibration = str(path)
-    return JobSpec(name=str(name), workload=w, search_space=space, baseline=baseline, budget=budget,
+    return JobSpec(name=name, workload=w, search_space=space, baseline=baseline, budget=budget,
                    launcher=launcher, reasoner=reasoner, seed=seed, calibration=calibration)
 
 
-def load_spec(path: str | Path) -> JobSpec:
-    """Reads and validates a YAML spec; raises SpecError with a one-line reason."""
-    path = Path(path)
-    if not path.is_file():
-        raise SpecError("", f"no such spec file: {path}")
+def parse_spec_text(text: str | bytes, *, origin_name: str | None = None, base_dir: Path | None = None,
+                    files_within: Path | None = None) -> JobSpec:
+    """A JobSpec from the text of a spec (YAML, or JSON, which YAML reads too); the one entry point
+    the CLI and the REST API share, so both give the same errors.
+
+    `origin_name` names the document in errors and is the default job name (its stem);
+    `base_dir` is where relative paths in the spec (launcher.data, calibration) are found (None: the
+    current directory); `files_within`, when given, is the only folder the spec may name files in
+    (a server should not read any file a request names). Raises SpecError(field, reason), one
+    line, for anything that cannot run."""
+    where = origin_name or "spec"
+    if isinstance(text, (bytes, bytearray)):
+        if len(text) > MAX_SPEC_BYTES:
+            raise SpecError(where, f"{len(text):,} bytes; a spec may be at most {MAX_SPEC_BYTES:,}")
+        text = decode_text(bytes(text), where, where, "spec")
+    elif len(text) > MAX_SPEC_BYTES:
+        raise SpecError(where, f"{len(text):,} characters; a spec may be at most {MAX_SPEC_BYTES:,}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError("", f"{path.name} is not valid YAML{where}: {problem}") from None
-    return parse_spec(data, origin=path)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = " ".join(p for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p)
+        raise SpecError(where, f"not valid YAML{at}: {problem or str(exc).splitlines()[0]}") from None
+    if data is None:
+        raise SpecError(where, "is empty")
+    return parse_spec(data, origin_name=origin_name, base_dir=base_dir, files_within=files_within)
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Reads and validates a YAML spec file; raises SpecError with a one-line reason."""
+    path = Path(path)
+    if not path.exists():
+        raise SpecError(path.name or "SPEC.yaml", f"no such spec file: {path}")
+    text = read_text(path, path.name or "SPEC.yaml", "spec", MAX_SPEC_BYTES)
+    return parse_spec_text(text, origin_name=path.name, base_dir=path.parent)

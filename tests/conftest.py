@@ -1,4 +1,4 @@
-"""Shared fixtures: an isolated pool database per test, the example specs, the shared data."""
+"""Shared fixtures: an isolated pool database per test, the example specs, the published data."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-SHARED_DATA = REPO.parent / "shared" / "data"
+SHARED_DATA = REPO / "benchmarks" / "data" / "published"  # published measurements, shipped in the repo
 PACKAGED_OPTICO_CSV = REPO / "optico" / "data" / "optico_llama3_8b_a100.csv"
 
 

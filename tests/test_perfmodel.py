@@ -90,7 +90,6 @@ def test_evaluate_on_the_optico_table_meets_the_bar():
                                       "spearman"}
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="shared data not beside the repository")
 def test_evaluate_counts_incomplete_rows_as_skipped():
     report = _evaluate(SHARED_DATA / "megatron_readme_h100_scaling.csv")
     fig = report["files"]["megatron_readme_h100_scaling.csv"]

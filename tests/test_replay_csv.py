@@ -21,12 +21,9 @@ from optico.replay_csv import (
 from optico.workload import PRESETS, Cluster, Workload
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
+SHARED = REPO / "benchmarks" / "data" / "published"
 PACKAGED = REPO / "optico" / "data" / "optico_llama3_8b_a100.csv"
-SHARED_FILES = sorted(p.name for p in SHARED.glob("*.csv")) if SHARED.is_dir() else []
-
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} not present")
-
+SHARED_FILES = sorted(p.name for p in SHARED.glob("*.csv"))
 
 def shared(name: str) -> list[ReplayRow]:
     return read_replay_csv(SHARED / name)
@@ -34,7 +31,6 @@ def shared(name: str) -> list[ReplayRow]:
 
 # -- the real files ------------------------------------------------------------------------------
 
-@needs_shared
 @pytest.mark.parametrize("name", SHARED_FILES)
 def test_every_shared_file_parses(name: str) -> None:
     rows = shared(name)
@@ -48,7 +44,6 @@ def test_every_shared_file_parses(name: str) -> None:
             assert row.skip_reason
 
 
-@needs_shared
 def test_packaged_copy_is_the_shared_file() -> None:
     assert filecmp.cmp(PACKAGED, SHARED / PACKAGED.name, shallow=False)
 
@@ -73,7 +68,6 @@ def test_optico_table() -> None:
     assert s.use_distributed_optimizer and not s.sequence_parallel and s.recompute == "none"
 
 
-@needs_shared
 @pytest.mark.parametrize("name", ["nemo_long_context_cp.csv", "megatron_readme_h100_scaling.csv"])
 def test_rows_without_mbs_are_skipped_naming_it(name: str) -> None:
     rows = shared(name)
@@ -81,7 +75,6 @@ def test_rows_without_mbs_are_skipped_naming_it(name: str) -> None:
     assert all("missing required input" in r.skip_reason for r in rows)
 
 
-@needs_shared
 def test_step_time_mfu_agrees_with_reported_model_tflops() -> None:
     """Where a source gives both a step time and model TFLOP/s, our FLOPs formula must agree."""
     checked = 0
@@ -96,7 +89,6 @@ def test_step_time_mfu_agrees_with_reported_model_tflops() -> None:
     assert checked >= 20
 
 
-@needs_shared
 def test_hardware_flops_sources() -> None:
     sc21 = shared("megatron_sc21_table1_a100.csv")
     assert all(r.counts_recompute and r.strategy.recompute == "full" for r in sc21)
@@ -112,7 +104,6 @@ def test_hardware_flops_sources() -> None:
         assert not any(r.counts_recompute for r in shared(name)), name
 
 
-@needs_shared
 def test_skip_reasons_in_vendor_files() -> None:
     bridge = shared("megatron_bridge_perf_summary.csv")
     reasons = [r.skip_reason or "" for r in bridge]

@@ -54,7 +54,7 @@ CASES = [
     (GOOD + "colour: blue\n", "colour", "unknown field"),
     (GOOD.replace("workload:", "workload:\n  tokenizer: gpt2"), "workload.tokenizer", "unknown field"),
     (GOOD + "reasoner: {analysis: magic}\n", "reasoner.analysis", "rules"),
-    (GOOD + "calibration: nowhere.json\n", "calibration", "not found"),
+    (GOOD + "calibration: nowhere.json\n", "calibration", "no such file"),
     (GOOD.replace("seq_length: 8192", "seq_length: 8192\n  extra_layers: 3"), "workload.extra_layers",
      "unknown field"),
 ]

@@ -37,6 +37,15 @@ def _layout(s: Strategy) -> tuple[int, int, int, int, int]:
     return (s.tp, s.pp, s.cp, s.ep, s.vpp)
 
 
+def _pct(x: float, bound: float) -> str:
+    """`x` as a percentage precise enough not to read as `bound` ("95.0% > 95%" is no reason)."""
+    for digits in range(4):
+        text = f"{x:.{digits}%}"
+        if abs(float(text[:-1]) / 100 - bound) > 1e-12:
+            return text
+    return f"{x:.4%}"
+
+
 def diagnose_health(ref: Trial | None, mem_fraction: float | None) -> tuple[HealthState, str]:
     """The paper's rules, in its order."""
     if ref is None or ref.metrics is None:
@@ -45,11 +54,11 @@ def diagnose_health(ref: Trial | None, mem_fraction: float | None) -> tuple[Heal
     mem = m.mem_fraction if m.mem_fraction is not None else mem_fraction
     util = m.gpu_util_avg
     if util is not None and mem is not None and util < 0.5 and mem < 0.7:
-        return HealthState.SEVERELY_UNDERUTILIZED, f"GPU util {util:.0%} < 50% and memory {mem:.0%} < 70%"
+        return HealthState.SEVERELY_UNDERUTILIZED, f"GPU util {_pct(util, 0.5)} < 50% and memory {_pct(mem, 0.7)} < 70%"
     if s.pp > 1 and m.mfu < 0.5:
         return HealthState.HIGH_PP_OVERHEAD, f"PP {s.pp} > 1 and MFU {m.mfu:.1%} < 50%"
     if mem is not None and mem > 0.95:
-        return HealthState.MEMORY_BOUND, f"memory {mem:.0%} > 95% of the limit"
+        return HealthState.MEMORY_BOUND, f"memory {_pct(mem, 0.95)} > 95% of the limit"
     return HealthState.PERFORMANCE_TUNE, f"healthy (MFU {m.mfu:.1%}" + (f", memory {mem:.0%})" if mem else ")")
 
 
@@ -72,26 +81,35 @@ def _answers(health: HealthState, bottleneck: Bottleneck, ref: Strategy, cand: S
 
 
 def _reason(ref_pred, cand_pred, changes: list[Change]) -> str:
-    """Why this move, in terms of the reference's time breakdown."""
-    t, step = ref_pred.time, ref_pred.time.step_time_s
+    """Why this move, as the model sees it: the shares of the step the changed knobs act on, before
+    and after (a share under half a percent on both sides is no reason and is left out)."""
     params = {c.param for c in changes}
     bits = []
+
+    def share(label: str, attr: str) -> None:
+        before = getattr(ref_pred.time, attr) / ref_pred.time.step_time_s
+        after = getattr(cand_pred.time, attr) / cand_pred.time.step_time_s
+        if max(before, after) >= 0.005:
+            bits.append(f"{label} {before:.0%} -> {after:.0%} of the step")
+
     if "tensor_model_parallel_size" in params:
-        bits.append(f"TP collectives take {t.tp_comm_s / step:.0%} of the step")
+        share("TP collectives", "tp_comm_s")
     if "pipeline_model_parallel_size" in params or "virtual_pipeline_model_parallel_size" in params:
-        bits.append(f"pipeline bubble and imbalance take {t.pp_bubble_s / step:.0%}")
+        share("pipeline bubble and imbalance", "pp_bubble_s")
     if "recompute_granularity" in params:
-        bits.append(f"recompute takes {t.recompute_s / step:.0%}")
+        share("recompute", "recompute_s")
+        bits.append(f"memory {ref_pred.mem_gib:.1f} -> {cand_pred.mem_gib:.1f} GiB")
     if params & {"overlap_grad_reduce", "overlap_param_gather", "use_distributed_optimizer"}:
-        bits.append(f"exposed DP sync takes {t.dp_comm_s / step:.0%}")
+        share("exposed DP sync", "dp_comm_s")
     if "micro_batch_size" in params:
         bits.append("the micro-batch sets GEMM sizes and the number of pipeline steps")
     if "context_parallel_size" in params:
-        bits.append(f"CP exchange takes {t.cp_comm_s / step:.0%}")
+        share("CP exchange", "cp_comm_s")
     if "expert_model_parallel_size" in params or "moe_token_dispatcher_type" in params:
-        bits.append(f"EP all-to-all takes {t.ep_comm_s / step:.0%}")
+        share("EP all-to-all", "ep_comm_s")
     if not bits:
-        bits.append(f"bottleneck {ref_pred.bottleneck.value}")
+        bits.append(f"bottleneck {ref_pred.bottleneck.value}; predicted step {ref_pred.time.step_time_s:.3g} s -> "
+                    f"{cand_pred.time.step_time_s:.3g} s")
     return "; ".join(bits)
 
 
@@ -156,8 +174,9 @@ class RulesAnalysis:
             suggestions.append(Suggestion(
                 changes=changes,
                 reason=_reason(ref_pred, cand_pred, changes),
-                expected_effect=(f"MFU {ref_mfu:.1%} -> {mfu:.1%} (model), memory "
-                                 f"{model.mem_gib(cand):.1f}/{model.limit_gib:.1f} GiB"),
+                expected_effect=(f"MFU {ref_mfu:.1%} -> {mfu:.1%} (model"
+                                 + (", a predicted loss" if mfu < ref_mfu - 0.0005 else "")
+                                 + f"), memory {model.mem_gib(cand):.1f}/{model.limit_gib:.1f} GiB"),
                 predicted_mfu=mfu, predicted_mem_gib=model.mem_gib(cand),
                 kind="standard" if standard else "exploratory"))
         reasoning = "\n".join([

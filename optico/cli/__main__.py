@@ -1,5 +1,5 @@
 """`python -m optico.cli`."""
 
-from optico.cli import app
+from optico.cli import main
 
-app()
+main()

@@ -1,38 +1,155 @@
-"""What every command shares: the consoles, the one-line error, the pool options."""
+"""What every command shares: the consoles, the one-line error, the pool options and checks.
+
+Bad input from the command line (an argument, an option, a file, a database URL) ends in one
+line on stderr, `error: <field>: <reason>`, and exit status 2, before anything is written.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 from typing import NoReturn
 
 import typer
 from rich.console import Console
 
+from optico.errors import SpecError
+from optico.textsafe import markup
+
 console = Console()
 err = Console(stderr=True)
 
 # Click options take one value each; the files after the first come in as arguments, so both
 # `--data a.csv b.csv` (a shell glob) and `--data a.csv --data b.csv` work.
-MoreFilesArgument = typer.Argument(None, metavar="[FILE.csv ...]", show_default=False,
-                                   help="More CSV files after the first --data one.")
-DatabaseOption = typer.Option(None, "--database", envvar="OPTICO_DATABASE_URL",
+# Hidden from the argument list (its type would show as <list[Path]>); --data's help says it.
+MoreFilesArgument = typer.Argument(None, metavar="[FILE.csv ...]", show_default=False, hidden=True)
+DatabaseOption = typer.Option(None, "--database", envvar="OPTICO_DATABASE_URL", metavar="URL",
                               help="SQLAlchemy URL of the pool (default: SQLite in the user data dir).")
+# Job ids are SQL integers: anything outside this range is no job and must not reach the driver.
+MAX_ID = 2**63 - 1
+
+# The first bytes of every SQLite 3 database file.
+_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def fail(message: str, code: int = 2) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+def check_id(value: int | None, option: str) -> None:
+    """Ids are SQL integers from 1 (checked here, not as a typer range: its help would print 2**63)."""
+    if value is not None and not 1 <= value <= MAX_ID:
+        fail(SpecError(option, f"{value} is not a valid id (1 to {MAX_ID})"))
+
+
+def fail(message: str | SpecError, code: int = 2) -> NoReturn:
+    """Prints `error: <message>` as one line (escaped: the message may quote user input) and exits."""
+    err.print(f"[bold red]error:[/] {markup(message, one_line=True, max_chars=1000)}", highlight=False,
+              soft_wrap=True)
     raise typer.Exit(code)
 
 
-def open_store(database: str | None):
-    from optico.pool.db import default_database_url
-    from optico.pool.store import SqlStore
+def check_output_path(path: Path, option: str) -> None:
+    """Fails unless `path` can be written later (by a job that may run for hours): an existing
+    regular file we may open for writing, or a new file whose nearest existing folder is a
+    writable directory. Nothing is created or changed."""
+    target = path.expanduser()
+    if target.exists():
+        if not target.is_file():
+            fail(SpecError(option, f"{path} is not a regular file"))
+        try:
+            with open(target, "ab"):  # append mode without writing: the file is left as it was
+                pass
+        except OSError as exc:
+            fail(SpecError(option, f"cannot write {path}: {exc.strerror or exc}"))
+        return
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        fail(SpecError(option, f"cannot create {path}: {folder} is not a directory"))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        fail(SpecError(option, f"cannot create {path}: {folder} is not writable"))
 
-    url = database or default_database_url()
-    return SqlStore(url), url
 
+def check_database_url(url: str, option: str = "--database") -> None:
+    """Fails, naming `option`, on a URL the pool cannot use, before anything is created:
+    not a URL, an unsupported backend, a missing driver, a SQLite path that is not a database."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
-def require_files(option: str, paths: list[Path]) -> None:
-    for path in paths:
+    from optico.pool.db import normalize_url
+
+    try:
+        parsed = normalize_url(make_url(url))
+    except ArgumentError:
+        fail(SpecError(option, "not a database URL; use sqlite:///PATH or postgresql://USER@HOST/DB"))
+    except ValueError as exc:
+        fail(SpecError(option, str(exc)))
+    if parsed.get_backend_name() != "sqlite":
+        if importlib.util.find_spec("psycopg") is None:
+            fail(SpecError(option, "PostgreSQL needs the psycopg driver: pip install 'optico[postgres]'"))
+        return
+    if parsed.database in (None, "", ":memory:"):
+        return
+    path = Path(parsed.database).expanduser()
+    if path.exists():
         if not path.is_file():
-            fail(f"{option}: no such file: {path}")
+            fail(SpecError(option, f"{path} is not a regular file"))
+        try:
+            with open(path, "rb") as handle:
+                head = handle.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            fail(SpecError(option, f"cannot read {path}: {exc.strerror or exc}"))
+        if head and head != _SQLITE_MAGIC:
+            fail(SpecError(option, f"{path} is not a SQLite database"))
+        return
+    check_output_path(path, option)
+
+
+def pool_url(database: str | None) -> tuple[str, str]:
+    """(the pool's URL, the option or variable it came from), checked with `check_database_url`."""
+    from optico.pool.db import ENV_HOME, default_database_url
+
+    if database:
+        option = "OPTICO_DATABASE_URL" if os.environ.get("OPTICO_DATABASE_URL") == database else "--database"
+    else:
+        option = ENV_HOME if os.environ.get(ENV_HOME) else "data dir"
+        try:
+            database = default_database_url()
+        except OSError as exc:
+            fail(SpecError(option, f"cannot create the data directory: {exc.strerror or exc}: "
+                                   f"{getattr(exc, 'filename', '') or ''}"))
+    check_database_url(database, option)
+    return database, option
+
+
+def open_store(database: str | None):
+    """(the pool, its URL) — every failure to open it is a one-line error naming the option."""
+    from optico.pool.store import SqlStore
+    from optico.redact import redact
+
+    url, option = pool_url(database)
+    try:
+        return SqlStore(url), url
+    except Exception as exc:  # noqa: BLE001 - the driver's errors vary by backend; all mean "cannot open"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fail(SpecError(option, f"cannot open the pool at {shown_url(url)}: {redact(reason)}"))
+
+
+def shown_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - checked elsewhere; only printing here
+        return "<database URL>"
+
+
+def require_files(option: str, paths: list[Path], what: str = "CSV file") -> None:
+    """Every path is a readable UTF-8 text file within the input size bound."""
+    from optico.input_files import MAX_CSV_BYTES, read_text
+
+    for path in paths:
+        try:
+            read_text(path, option, what, MAX_CSV_BYTES)
+        except SpecError as exc:
+            fail(exc)

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from optico.cli.common import DatabaseOption, console
+from optico.cli.common import DatabaseOption, console, fail, pool_url, shown_url
 
 db_app = typer.Typer(no_args_is_help=True, help="The pool's database.")
 
@@ -14,10 +14,14 @@ db_app = typer.Typer(no_args_is_help=True, help="The pool's database.")
 @db_app.command("upgrade")
 def db_upgrade(database: Optional[str] = DatabaseOption) -> None:
     """Create or migrate the pool's schema (Alembic)."""
-    from optico.pool.db import default_database_url, make_engine
+    from optico.pool.db import make_engine
     from optico.pool.schema import current_revision, upgrade
 
-    engine = make_engine(database or default_database_url())
-    upgrade(engine)
-    console.print(f"schema at {current_revision(engine)}")
+    url, option = pool_url(database)
+    try:
+        engine = make_engine(url)
+        upgrade(engine)
+        console.print(f"schema at {current_revision(engine)}")
+    except Exception as exc:  # noqa: BLE001 - the driver's errors vary by backend; all mean "cannot open"
+        fail(f"{option}: cannot upgrade the pool at {shown_url(url)}: {str(exc).strip().splitlines()[0]}")
 

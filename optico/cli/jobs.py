@@ -3,61 +3,177 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
+from typing import Any, Optional
 
 import typer
+from rich import box
 from rich.table import Table
+from rich.text import Text
 
-from optico.cli.common import DatabaseOption, console, fail, open_store
-from optico.cli.tune import summary
+from optico.cli.common import DatabaseOption, check_id, console, fail, open_store, shown_url
+from optico.cli.views import resume_hint, status_label, summary, trial_block, worker_gone
+from optico.textsafe import rich_text, terminal_text
 
 jobs_app = typer.Typer(no_args_is_help=True, help="Inspect tuning jobs in the pool.")
 
+MAX_LIST = 10_000
+# Content keys that are the bulk of a message, shown only with --full.
+_BULKY = {"prompt", "completion", "messages", "raw", "response", "request", "log", "log_excerpt"}
+
+
+def _short_stop(reason: str | None) -> str:
+    """A stop reason's first clause ('converged', 'max trials (20) reached'), for one-line rows."""
+    if not reason:
+        return ""
+    return reason.split(":")[0].split(";")[0].strip()
+
 
 @jobs_app.command("list")
-def jobs_list(database: Optional[str] = DatabaseOption, limit: int = typer.Option(20, help="How many.")) -> None:
-    """Jobs in the pool, newest first."""
+def jobs_list(database: Optional[str] = DatabaseOption,
+              limit: int = typer.Option(20, "--limit", min=1, max=MAX_LIST, metavar="N", help="How many."),
+              wide: bool = typer.Option(False, "--wide", help="Full names and stop reasons (rows may wrap).")) -> None:
+    """Jobs in the pool, newest first: one row each (--wide: everything, wrapped)."""
     store, _ = open_store(database)
     with store:
-        table = Table("id", "name", "status", "trials", "best MFU", "stop reason", "created")
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
+        table.add_column("id", justify="right", no_wrap=True)
+        table.add_column("name", no_wrap=not wide, overflow="ellipsis", max_width=None if wide else 24)
+        table.add_column("status", no_wrap=True)
+        table.add_column("trials", justify="right", no_wrap=True)
+        table.add_column("best", justify="right", no_wrap=True)
+        table.add_column("stopped", no_wrap=not wide, overflow="ellipsis")
+        table.add_column("created", no_wrap=True)
+        gone = []
         for job in store.list_jobs(limit):
             trials = store.trials(job.id)
             best = max((t.mfu for t in trials if t.mfu is not None), default=None)
-            table.add_row(str(job.id), job.name, job.status.value, str(len(trials)),
-                          f"{best:.1%}" if best is not None else "-", job.stop_reason or "",
-                          job.created_at.strftime("%Y-%m-%d %H:%M"))
+            if worker_gone(job):
+                gone.append(job)
+            stop = job.stop_reason if wide else _short_stop(job.stop_reason)
+            table.add_row(str(job.id), rich_text(job.name, one_line=True, max_chars=200), status_label(job),
+                          str(len(trials)), f"{best:.1%}" if best is not None else "-",
+                          rich_text(stop or "", one_line=True),
+                          job.created_at.strftime("%Y-%m-%d %H:%M" if wide else "%m-%d %H:%M"))
         console.print(table)
+        for job in gone:
+            console.print(Text(resume_hint(job), style="yellow"))
+
+
+def _value(value: Any) -> str:
+    """A content value in a few words: strategies as their short form, lists as a count."""
+    if isinstance(value, dict):
+        if "tensor_model_parallel_size" in value:
+            from optico.strategy import Strategy
+
+            try:
+                return Strategy.model_validate(value).short()
+            except ValueError:
+                pass
+        shown = [f"{k} {_value(v)}" for k, v in list(value.items())[:4] if not isinstance(v, (dict, list))]
+        return ", ".join(shown) + (", ..." if len(value) > len(shown) else "")
+    if isinstance(value, list):
+        first = value[0] if value else None
+        if isinstance(first, dict):
+            label = next((first[k] for k in ("text", "summary", "strategy", "rationale") if k in first), None)
+            if label is not None:
+                return f"{len(value)}, first: {_value(label)}"
+        return f"{len(value)} item(s)"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _compact(content: dict[str, Any], reasoning: bool) -> str:
+    parts = []
+    for key, value in content.items():
+        if key in _BULKY or (key == "reasoning" and not reasoning) or value in (None, "", [], {}):
+            continue
+        parts.append(f"{key}: {_value(value)}")
+    return "; ".join(parts)
+
+
+def _show_messages(store, job_id: int, *, iteration: int | None, agent: str | None, kind: str | None,
+                   full: bool, reasoning: bool) -> None:
+    messages = store.messages(job_id, iteration)
+    if agent is not None or kind is not None:
+        agents = sorted({m.agent for m in messages})
+        kinds = sorted({m.kind for m in messages})
+        if agent is not None and agent not in agents:
+            fail(f"--agent: no messages from {agent[:40]!r} in job {job_id}; agents: {', '.join(agents) or 'none'}")
+        if kind is not None and kind not in kinds:
+            fail(f"--kind: no messages of kind {kind[:40]!r} in job {job_id}; kinds: {', '.join(kinds) or 'none'}")
+        messages = [m for m in messages if (agent is None or m.agent == agent) and (kind is None or m.kind == kind)]
+    for msg in messages:
+        title = f"iteration {msg.iteration} · {msg.agent} · {msg.kind}"
+        content = dict(msg.content)
+        if not reasoning:
+            content.pop("reasoning", None)
+        if full:
+            console.rule(Text(terminal_text(title, one_line=True, max_chars=120)))
+            if msg.text:
+                console.print(rich_text(msg.text, max_chars=20_000))
+            # Not print_json: it re-renders strings with bidi and C1 characters raw.
+            console.print(rich_text(json.dumps(content, indent=2, default=str, ensure_ascii=False),
+                                    max_chars=200_000))
+            continue
+        console.print(Text(terminal_text(title, one_line=True, max_chars=120), style="bold"))
+        body = Text()
+        if msg.text:
+            first, *rest = msg.text.strip().splitlines() or [""]
+            body.append_text(rich_text(first, one_line=True, max_chars=300))
+            if rest:
+                body.append(f" (+{len(rest)} more line{'s' if len(rest) > 1 else ''}; --full shows them)",
+                            style="dim")
+        line = _compact(content, reasoning)
+        if line:
+            if body:
+                body.append("\n")
+            body.append_text(rich_text(line, one_line=True, max_chars=400, style="dim"))
+        if body:
+            console.print(body, no_wrap=False)
 
 
 @jobs_app.command("show")
-def jobs_show(job_id: int, messages: bool = typer.Option(False, "--messages", help="Each agent's output per iteration."),
+def jobs_show(job_id: int = typer.Argument(..., metavar="JOB_ID", show_default=False),
+              messages: bool = typer.Option(False, "--messages", help="Each agent's output per iteration, one "
+                                                                      "short entry each."),
+              iteration: Optional[int] = typer.Option(None, "--iteration", metavar="N",
+                                                      help="Only this iteration's messages (implies --messages)."),
+              agent: Optional[str] = typer.Option(None, "--agent", metavar="NAME",
+                                                  help="Only this agent's messages: analysis, generation, guard, "
+                                                       "validation, failure, seed (implies --messages)."),
+              kind: Optional[str] = typer.Option(None, "--kind", metavar="KIND",
+                                                 help="Only messages of this kind, e.g. llm_call, fallback, "
+                                                      "diagnosis (implies --messages)."),
+              full: bool = typer.Option(False, "--full", help="Messages in full: text and JSON content "
+                                                              "(implies --messages)."),
               reasoning: bool = typer.Option(False, "--reasoning", help="Include stored chain of thought."),
               database: Optional[str] = DatabaseOption) -> None:
     """One job: its trials, its best configuration, and optionally the agents' messages."""
+    check_id(job_id, "JOB_ID")
+    check_id(iteration, "--iteration")
     from optico.report import job_result
 
     store, url = open_store(database)
     with store:
         try:
             result = job_result(store, job_id)
+            job = store.get_job(job_id)
         except KeyError:
-            fail(f"no job {job_id} in {url}")
-        table = Table("#", "configuration", "status", "MFU", "memory GiB", "diagnosis / rationale")
+            fail(f"JOB_ID: no job {job_id} in {shown_url(url)}")
+        console.print(Text.assemble(f"job {job_id}: ", rich_text(result["name"], one_line=True),
+                                    f" — {result['workload']}"))
+        console.print(Text(f"status: {status_label(job)}", style="yellow" if worker_gone(job) else ""))
+        if worker_gone(job):
+            console.print(Text(resume_hint(job), style="yellow"))
         for t in store.trials(job_id):
-            table.add_row(str(t.index), t.strategy.short(), t.status.value,
-                          f"{t.mfu:.1%}" if t.mfu is not None else "-",
-                          f"{t.metrics.mem_max_gib:.1f}" if t.metrics and t.metrics.mem_max_gib else "-",
-                          t.failure.summary if t.failure else t.rationale)
-        console.print(f"job {job_id}: {result['name']} — {result['workload']}")
-        console.print(table)
-        if messages:
-            for msg in store.messages(job_id):
-                console.rule(f"iteration {msg.iteration} · {msg.agent} · {msg.kind}")
-                content = dict(msg.content)
-                if not reasoning:
-                    content.pop("reasoning", None)
-                if msg.text:
-                    console.print(msg.text, highlight=False)
-                console.print_json(json.dumps(content, default=str))
-        summary(result)
-
+            console.print(trial_block(
+                t.index, t.strategy.short(), t.status.value, mfu=t.mfu,
+                mem_gib=t.metrics.mem_max_gib if t.metrics else None,
+                limit_gib=t.metrics.mem_limit_gib if t.metrics else None, why=t.rationale,
+                diagnosis=t.failure.summary if t.failure else None,
+                log_path=t.log_path if t.status.value != "ok" else None))
+        if messages or full or iteration is not None or agent is not None or kind is not None:
+            _show_messages(store, job_id, iteration=iteration, agent=agent, kind=kind, full=full,
+                           reasoning=reasoning)
+        summary(result, console)

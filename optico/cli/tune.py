@@ -3,31 +3,36 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.text import Text
 
-from optico.cli.common import DatabaseOption, console, err, fail, open_store
-from optico.spec import JobSpec, ReasonerSpec, SpecError, load_spec
+from optico.cli.common import DatabaseOption, check_id, check_output_path, console, err, fail, open_store, shown_url
+from optico.cli.views import summary, trial_block
+from optico.spec import MAX_SEED, MAX_TRIALS, Budget, JobSpec, ReasonerSpec, SpecError, check_launcher, load_spec
+from optico.textsafe import markup, rich_text, terminal_text
+
+LAUNCHERS = ("sim", "replay", "local", "ray")
 
 
-def _apply_overrides(spec: JobSpec, launcher: str | None, max_trials: int | None, seed: int | None) -> JobSpec:
+def _apply_overrides(spec: JobSpec, launcher: str | None, max_trials: int | None, seed: int | None,
+                     base_dir: Path | None = None) -> JobSpec:
+    """The command line's overrides, checked as the spec's own fields are."""
     updates: dict[str, Any] = {}
     if launcher is not None:
-        if launcher not in ("sim", "replay", "local", "ray"):
-            raise SpecError("--launcher", f"unknown launcher {launcher!r} (sim, replay, local, ray)")
+        if launcher not in LAUNCHERS:
+            raise SpecError("--launcher", f"unknown launcher {launcher[:40]!r} ({', '.join(LAUNCHERS)})")
         if launcher == "replay" and not spec.launcher.data:
             raise SpecError("--launcher", "replay needs launcher.data (a CSV of measured runs) in the spec")
-        updates["launcher"] = spec.launcher.model_copy(update={"kind": launcher})
+        changed = spec.launcher.model_copy(update={"kind": launcher})
+        updates["launcher"] = check_launcher(changed, spec.workload, spec.search_space, base_dir)
     if max_trials is not None:
-        if max_trials < 1:
-            raise SpecError("--max-trials", "must be at least 1")
-        updates["budget"] = spec.budget.model_copy(update={"max_trials": max_trials})
+        updates["budget"] = Budget.model_validate({**spec.budget.model_dump(), "max_trials": max_trials})
     if seed is not None:
         updates["seed"] = seed
     return spec.model_copy(update=updates) if updates else spec
@@ -37,7 +42,7 @@ def _apply_reasoner(spec: JobSpec, reasoner: str | None) -> JobSpec:
     """`--reasoner` sets all three agents' reasoners; an LLM endpoint must be configured."""
     if reasoner is not None:
         if reasoner not in ("rules", "openai"):
-            raise SpecError("--reasoner", f"unknown reasoner {reasoner!r} (rules, openai)")
+            raise SpecError("--reasoner", f"unknown reasoner {reasoner[:40]!r} (rules, openai)")
         spec = spec.model_copy(update={"reasoner": ReasonerSpec(analysis=reasoner, generation=reasoner,
                                                                 failure=reasoner)})
     return spec
@@ -55,92 +60,106 @@ def _check_llm(spec: JobSpec) -> None:
             fail(f"reasoner openai: {exc}")
 
 
+def _check_environment(spec: JobSpec) -> None:
+    """What the spec relies on outside itself: $OPTICO_CALIBRATION, and the devices, libraries and
+    folders a real run needs on this machine."""
+    from optico.input_files import read_calibration
+    from optico.launchers.preflight import check_launch
+
+    try:
+        if spec.calibration is None and os.environ.get("OPTICO_CALIBRATION"):
+            read_calibration(Path(os.environ["OPTICO_CALIBRATION"]), "OPTICO_CALIBRATION")
+        check_launch(spec)
+    except SpecError as exc:
+        fail(exc)
+
+
 class TrialView:
-    """Live rows, one per trial: what changed and why, MFU, memory vs limit, or the diagnosis."""
+    """A block per finished trial (what changed and why, MFU and memory against the limit, or the
+    diagnosis and the log), printed above a live progress bar."""
 
     def __init__(self, max_trials: int, live: bool):
-        self.rows: list[tuple[str, ...]] = []
         self.live = live
         self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.description}"), TimeElapsedColumn(), console=console)
+                                 TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
+                                 console=console)
         self.task = self.progress.add_task("starting", total=max_trials)
-
-    def table(self) -> Table:
-        t = Table(show_lines=False, expand=True)
-        for col, kw in [("#", {"justify": "right", "width": 3}), ("configuration", {"ratio": 3}),
-                        ("what changed and why", {"ratio": 5}), ("MFU", {"justify": "right", "width": 6}),
-                        ("memory / diagnosis", {"ratio": 4})]:
-            t.add_column(col, **kw)
-        for row in self.rows:
-            t.add_row(*row)
-        return t
-
-    def render(self) -> Group:
-        return Group(self.table(), self.progress)
 
     def on_event(self, kind: str, payload: dict[str, Any]) -> None:
         if kind == "trial_started":
-            self.progress.update(self.task, description=f"running #{payload['index']}: {payload['strategy']}")
+            self.progress.update(self.task, description=markup(
+                f"running #{payload['index']}: {payload['strategy']}", one_line=True, max_chars=60))
         elif kind == "trial_done":
-            if payload["status"] == "ok":
-                mem = payload.get("mem_max_gib")
-                detail = f"{mem:.1f} / {payload['mem_limit_gib']:.1f} GiB" if mem else ""
-                mfu = f"{payload['mfu']:.1%}"
-            else:
-                detail, mfu = f"[red]{payload.get('summary') or 'failed'}[/]", "[red]fail[/]"
-            row = (str(payload["index"]), payload["strategy"], payload.get("rationale", ""), mfu, detail)
-            self.rows.append(row)
-            self.progress.update(self.task, advance=1, description=f"best {payload['best_mfu']:.1%}"
-                                 if payload.get("best_mfu") else "")
-            if not self.live:
-                console.print(f"#{row[0]:>2} {row[1]:<40} MFU {mfu:>6}  {detail}  — {row[2]}", highlight=False)
+            console.print(trial_block(
+                payload["index"], payload["strategy"], payload["status"], mfu=payload.get("mfu"),
+                mem_gib=payload.get("mem_max_gib"), limit_gib=payload.get("mem_limit_gib"),
+                why=payload.get("rationale") or "", diagnosis=payload.get("summary"),
+                log_path=payload.get("log_path")))
+            best = payload.get("best_mfu")
+            self.progress.update(self.task, advance=1, description=f"best {best:.1%}" if best else "")
+        elif kind == "fallback":  # an LLM reasoner failed and the offline rules answered instead
+            agent = payload.get("agent", "an agent")
+            console.print(Text.assemble(("fallback: ", "yellow"), rich_text(
+                f"{agent}'s LLM reasoner failed ({payload.get('error', 'no detail')}); the rules answered",
+                one_line=True, max_chars=300)))
         elif kind == "job_done":
-            self.progress.update(self.task, description=f"done: {payload['stop_reason']}")
+            self.progress.update(self.task, description=markup(f"done: {payload.get('stop_reason') or ''}",
+                                                               one_line=True, max_chars=60))
 
 
-def summary(result: dict[str, Any]) -> None:
-    base, best = result["baseline"], result["best"]
-    console.rule(f"[bold]job {result['job_id']} {result['status']}: {result['stop_reason']}")
-    if best:
-        tflops = best["tflops_per_gpu"]
-        shown = f"{tflops:.0f}" if tflops >= 10 else f"{tflops:.3g}"  # CPU runs measure fractions of a TFLOP/s
-        line = f"best MFU [bold green]{best['mfu']:.1%}[/] ({shown} TFLOP/s/GPU, trial {best['trial']})"
-        if base["mfu"]:
-            gain = best["mfu"] / base["mfu"] - 1
-            line += f" vs baseline {base['mfu']:.1%} ({base['source']}): {gain:+.1%}"
-        console.print(line)
+def _where_files_go(spec: JobSpec, url: str, job_id: int) -> None:
+    """Says where the pool is and where this job's run logs will be, before anything runs."""
+    console.print(Text.assemble(("pool: ", "dim"), rich_text(shown_url(url), one_line=True)))
+    kind = spec.launcher.kind
+    if kind in ("local", "ray"):
+        from optico.launchers.local import default_runs_dir
+
+        root = Path(spec.launcher.run_dir).expanduser() if spec.launcher.run_dir else default_runs_dir()
+        files = "stdout.log, stderr.log" if kind == "local" else "output.log"
+        where = f"{root}/job{job_id}-trial<N>/ ({files})"
     else:
-        console.print("[red]no successful trial[/]")
-    console.print(f"trials {len(result['trials'])}, failed {result['failed_trials']}, "
-                  f"GPU-hours {result['gpu_hours']:.1f}")
-    if best:
-        console.print("best configuration as Megatron-LM flags:")
-        console.print("  " + " ".join(best["megatron_args"]), highlight=False, soft_wrap=True)
+        where = f"none: the {kind} launcher starts no process"
+    console.print(Text.assemble(("run logs: ", "dim"), rich_text(where, one_line=True)))
+
+
+def _with_log_path(store, job_id: int, payload: dict[str, Any]) -> dict[str, Any]:
+    trial = next((t for t in store.trials(job_id) if t.index == payload.get("index")), None)
+    return {**payload, "log_path": trial.log_path} if trial is not None else payload
 
 
 def tune(
     spec_path: Optional[Path] = typer.Argument(None, metavar="SPEC.yaml", help="The workload spec."),
-    launcher: Optional[str] = typer.Option(None, "--launcher",
-                                            help="Override the spec's launcher: sim|replay|local|ray."),
-    max_trials: Optional[int] = typer.Option(None, "--max-trials", help="Override the trial budget."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Override the job seed."),
-    reasoner: Optional[str] = typer.Option(None, "--reasoner", help="Override the spec's reasoners for all "
-                                           "three agents: rules|openai (endpoint from OPTICO_LLM_*)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
-    resume: Optional[int] = typer.Option(None, "--resume", metavar="JOB_ID", help="Resume an interrupted job."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", metavar="sim|replay|local|ray",
+                                           help="Override the spec's launcher."),
+    max_trials: Optional[int] = typer.Option(None, "--max-trials", min=1, max=MAX_TRIALS, metavar="N",
+                                             help="Override the trial budget."),
+    seed: Optional[int] = typer.Option(None, "--seed", min=0, max=MAX_SEED, metavar="S", help="Override the job seed."),
+    reasoner: Optional[str] = typer.Option(None, "--reasoner", metavar="rules|openai",
+                                           help="Override the spec's reasoners for all three agents "
+                                                "(openai: endpoint from OPTICO_LLM_*)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH", help="Write the result as JSON here."),
+    resume: Optional[int] = typer.Option(None, "--resume", metavar="JOB_ID",
+                                         help="Resume an interrupted job."),
     database: Optional[str] = DatabaseOption,
 ) -> None:
     """Run a tuning job (or resume one) and print the best configuration."""
+    check_id(resume, "--resume")
     if resume is None and spec_path is None:
-        fail("give a SPEC.yaml, or --resume JOB_ID")
+        fail("SPEC.yaml: give a spec file, or --resume JOB_ID")
+    if resume is not None and spec_path is not None:
+        fail("--resume: resumes the job's stored spec; give no SPEC.yaml")
     spec = None
     if resume is None:
         try:
-            spec = _apply_reasoner(_apply_overrides(load_spec(spec_path), launcher, max_trials, seed), reasoner)
+            spec = _apply_reasoner(_apply_overrides(load_spec(spec_path), launcher, max_trials, seed,
+                                                    spec_path.parent), reasoner)
         except SpecError as exc:
-            fail(str(exc))
+            fail(exc)
         _check_llm(spec)
-    # Imported after the spec is checked: a bad spec fails fast, without loading LangGraph.
+        _check_environment(spec)
+    if json_path:
+        check_output_path(json_path, "--json")
+    # Imported after every input is checked: a bad input fails fast, without loading LangGraph.
     from optico.pool.lifecycle import IllegalTransition, JobStatus, LeaseHeld
     from optico.report import job_result
     from optico.runner import run_job
@@ -151,46 +170,54 @@ def tune(
             try:
                 job = store.get_job(resume)
             except KeyError:
-                fail(f"--resume: no job {resume} in {url}")
+                fail(f"--resume: no job {resume} in {shown_url(url)}")
             _check_llm(job.spec)
+            _check_environment(job.spec)
             max_t = job.max_trials
             job_id = resume
             if job.status is JobStatus.CANCELLED:
                 fail(f"--resume: job {job_id} was cancelled; it cannot be resumed")
+            name = terminal_text(job.name, one_line=True, max_chars=200)
             if job.status is not JobStatus.SUCCEEDED:
-                console.print(f"resuming job {job_id} ({job.name}), {len(store.trials(job_id))} trials recorded")
+                console.print(Text(f"resuming job {job_id} ({name}), {len(store.trials(job_id))} trials recorded"))
+            _where_files_go(job.spec, url, job_id)
+            real_runs = job.spec.launcher.kind in ("local", "ray")
         else:
             job_id = store.create_job(spec, origin="cli")
             max_t = spec.budget.max_trials
-            console.print(f"job {job_id}: {spec.name} — {spec.workload.describe()}, launcher {spec.launcher.kind}")
+            console.print(Text(f"job {job_id}: {spec.name} — {spec.workload.describe()}, "
+                               f"launcher {spec.launcher.kind}"))  # a spec's name is printable (checked)
+            _where_files_go(spec, url, job_id)
+            real_runs = spec.launcher.kind in ("local", "ray")
         view = TrialView(max_t, live=console.is_terminal)
+
+        def on_event(kind: str, payload: dict[str, Any]) -> None:
+            if kind == "trial_done" and real_runs:
+                payload = _with_log_path(store, job_id, payload)
+            view.on_event(kind, payload)
+
         try:
             if store.get_job(job_id).status is not JobStatus.SUCCEEDED:
                 if view.live:
-                    with Live(view.render(), console=console, refresh_per_second=4) as live:
-                        def on_event(kind: str, payload: dict[str, Any]) -> None:
-                            view.on_event(kind, payload)
-                            live.update(view.render())
+                    with Live(view.progress, console=console, refresh_per_second=4):
                         run_job(store, url, job_id, on_event=on_event)
                 else:
-                    run_job(store, url, job_id, on_event=view.on_event)
-        except LeaseHeld as exc:
-            fail(str(exc))
-        except IllegalTransition as exc:
+                    run_job(store, url, job_id, on_event=on_event)
+        except (LeaseHeld, IllegalTransition) as exc:
             fail(str(exc))
         except KeyboardInterrupt:
             err.print(f"interrupted: job {job_id} is resumable with `optico tune --resume {job_id}`")
             raise typer.Exit(130) from None
         result = job_result(store, job_id)
-        summary(result)
+        summary(result, console)
         if json_path:
             json_path.parent.mkdir(parents=True, exist_ok=True)
             json_path.write_text(json.dumps(result, indent=2) + "\n")
-            console.print(f"result written to {json_path}")
+            console.print(Text(f"result written to {json_path}"))
         final = store.get_job(job_id)
         if final.status is not JobStatus.SUCCEEDED:
-            err.print(f"job {job_id} {final.status.value}: {final.stop_reason or ''}".rstrip(": "), highlight=False)
+            reason = terminal_text(final.stop_reason or "", one_line=True, max_chars=500)
+            err.print(Text(f"job {job_id} {final.status.value}: {reason}".rstrip(": ")))
             raise typer.Exit(1)
     finally:
         store.close()
-

@@ -26,6 +26,8 @@ from optico.launchers.proc import ProcessRun
 from optico.launchers.program import MegatronCoreProgram, MegatronLMProgram, PreparedRun, prepare
 from optico.launchers.trial_env import trial_env
 from optico.launchers.results import OutputCollector, RunEnd, driver_result, megatron_lm_result
+from optico.plausible import checked_result
+from optico.private_files import private_dir, write_private_text
 from optico.strategy import Strategy
 from optico.trial import LaunchResult
 from optico.workload import Workload
@@ -43,13 +45,13 @@ def default_runs_dir() -> Path:
 def trial_dir(root: str | os.PathLike | None, trial_key: str) -> Path:
     """A fresh directory for this trial: `<root>/<trial_key>`, or `<trial_key>.2`, ... when a
     resumed job runs the key again (the earlier attempt's logs are kept)."""
-    base = Path(root).expanduser() if root else default_runs_dir()
-    base.mkdir(parents=True, exist_ok=True)
+    base = private_dir(Path(root).expanduser() if root else default_runs_dir())
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in trial_key) or "trial"
     path, n = base / safe, 1
     while True:
         try:
-            path.mkdir()
+            path.mkdir(mode=0o700)
+            os.chmod(path, 0o700)  # the run's command line and logs are the owner's only
             return path
         except FileExistsError:
             n += 1
@@ -76,17 +78,19 @@ def child_env(extra: dict[str, str], pass_env: Iterable[str] = ()) -> dict[str, 
 
 def write_files(run: PreparedRun, run_dir: Path) -> None:
     for name, content in run.files.items():
-        (run_dir / name).write_text(content)
+        write_private_text(run_dir / name, content)
 
 
 def to_result(run: PreparedRun, collector: OutputCollector, end: RunEnd, workload: Workload, strategy: Strategy,
               *, fingerprint: dict[str, Any], log_path: str | None) -> LaunchResult:
     gpu_seconds = end.duration_s * workload.world_size
     if run.kind == "megatron-core":
-        return driver_result(collector, end, workload, gpu_seconds=gpu_seconds, fingerprint=fingerprint,
-                             log_path=log_path)
-    return megatron_lm_result(collector, end, workload, warmup_iters=run.warmup_iters, tp=strategy.tp,
-                              gpu_seconds=gpu_seconds, fingerprint=fingerprint, log_path=log_path)
+        result = driver_result(collector, end, workload, gpu_seconds=gpu_seconds, fingerprint=fingerprint,
+                               log_path=log_path)
+    else:
+        result = megatron_lm_result(collector, end, workload, warmup_iters=run.warmup_iters, tp=strategy.tp,
+                                    gpu_seconds=gpu_seconds, fingerprint=fingerprint, log_path=log_path)
+    return checked_result(result, workload)  # numbers the declared GPU cannot produce are no measurement
 
 
 class LocalLauncher(Launcher):
@@ -116,7 +120,7 @@ class LocalLauncher(Launcher):
         directory = trial_dir(self.run_dir, trial_key)
         write_files(run, directory)
         argv = run.command(str(directory), trial_key=trial_key)
-        (directory / "command.txt").write_text(shlex.join(argv) + "\n")
+        write_private_text(directory / "command.txt", shlex.join(argv) + "\n")
         collector = OutputCollector()
 
         def sink(stream: str, line: str) -> None:

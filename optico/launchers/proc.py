@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from optico.private_files import private_opener
+
 TOKEN_ENV = "OPTICO_RUN_TOKEN"
 LineSink = Callable[[str, str], None]  # (stream name, line without newline)
 
@@ -104,7 +106,7 @@ class ProcessRun:
 
     async def _pump(self, stream: asyncio.StreamReader, name: str) -> None:
         path = self.run_dir / f"{self.file_prefix}{name}.log"
-        with open(path, "a", encoding="utf-8", errors="replace") as fh:
+        with open(path, "a", encoding="utf-8", errors="replace", opener=private_opener) as fh:
             while True:
                 try:
                     raw = await stream.readline()

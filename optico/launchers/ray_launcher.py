@@ -42,6 +42,7 @@ from optico.launchers.local import KILL_GRACE_S, child_env, to_result, trial_dir
 from optico.launchers.proc import ProcessRun
 from optico.launchers.program import MegatronCoreProgram, MegatronLMProgram, PreparedRun, prepare
 from optico.launchers.results import OutputCollector, RunEnd
+from optico.private_files import private_opener, write_private_text
 from optico.strategy import Strategy
 from optico.trial import FailureCategory, LaunchResult
 from optico.workload import Workload
@@ -89,7 +90,7 @@ class NodeAgent:
         write_files(run, directory)
         argv = run.command(str(directory), node_rank=self.node_rank, master_addr=master_addr,
                            master_port=master_port, trial_key=trial_key, python=sys.executable)
-        (directory / "command.txt").write_text(shlex.join(argv) + "\n")
+        write_private_text(directory / "command.txt", shlex.join(argv) + "\n")
         self.run = ProcessRun(argv, env=child_env(env, pass_env), cwd=run.cwd, run_dir=directory, token=token,
                               sink=lambda _stream, line: self.lines.append(line))
         await self.run.start()
@@ -234,14 +235,14 @@ class RayLauncher(Launcher):
                 [a.start.remote(run, trial_key=trial_key, runs_root=self.run_dir, env=self.env, pass_env=self.pass_env,
                                 master_addr=master_addr, master_port=master_port, token=token) for a in agents],
                 CALL_TIMEOUT_S, "starting torchrun")
-            (directory / "command.txt").write_text("".join(
+            write_private_text(directory / "command.txt", "".join(
                 f"# node {i} on {w['host']} ({w['ip']}), run dir {s['run_dir']}\n{shlex.join(s['argv'])}\n"
                 for i, (w, s) in enumerate(zip(where, started))))
             fingerprint = {"launcher": self.kind, "attempt": number, "nodes": [
                 {"host": w["host"], "ip": w["ip"], "node_id": w["node_id"], "run_dir": s["run_dir"],
                  "cuda_visible_devices": w["cuda_visible_devices"]} for w, s in zip(where, started)],
                 "master": f"{master_addr}:{master_port}", "program": run.kind, "run_dir": str(directory)}
-            with open(out_path, "a", encoding="utf-8") as out:
+            with open(out_path, "a", encoding="utf-8", opener=private_opener) as out:
                 end = await self._supervise(agents, collector, out, progress)
             return to_result(run, collector, end, workload, strategy, fingerprint=fingerprint,
                              log_path=str(out_path))

@@ -17,6 +17,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
 
+from optico.private_files import create_private_file, private_dir
+
 ENV_URL = "OPTICO_DATABASE_URL"
 ENV_HOME = "OPTICO_HOME"
 
@@ -26,15 +28,15 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 def default_data_dir() -> Path:
-    """$OPTICO_HOME, else $XDG_DATA_HOME/optico, else ~/.local/share/optico (created)."""
+    """$OPTICO_HOME, else $XDG_DATA_HOME/optico, else ~/.local/share/optico (created 0700: it holds
+    the pool and the run logs, see `optico.private_files`)."""
     if os.environ.get(ENV_HOME):
         path = Path(os.environ[ENV_HOME]).expanduser()
     elif os.environ.get("XDG_DATA_HOME"):
         path = Path(os.environ["XDG_DATA_HOME"]).expanduser() / "optico"
     else:
         path = Path.home() / ".local" / "share" / "optico"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return private_dir(path)
 
 
 def default_database_url() -> str:
@@ -151,7 +153,9 @@ def make_engine(url: str | URL | None = None, *, readonly: bool = False, **kwarg
             # One in-memory database per engine; StaticPool keeps it alive (tests only).
             kwargs.setdefault("poolclass", StaticPool)
         else:
-            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            path = Path(parsed.database).expanduser()
+            private_dir(path.parent)
+            create_private_file(path)  # 0600 before SQLite creates it (its -wal/-shm files copy the mode)
         engine = create_engine(parsed, connect_args=connect_args, **kwargs)
         event.listen(engine, "connect", _sqlite_on_connect)
         event.listen(engine, "begin", _sqlite_on_begin_read if readonly else _sqlite_on_begin)

@@ -1,49 +1,25 @@
-"""A job spec from a request body (JSON or YAML), checked as the CLI checks a spec file, plus what a
-shared service must refuse: files outside the allowed roots and, unless allowed, arbitrary commands."""
+"""A job spec from a request body, checked exactly as the CLI checks a spec file (`parse_spec_text`),
+plus what a shared service refuses that a user's own `optico tune` allows:
+
+- files outside the allowed roots (replay `launcher.data`, `calibration`, `launcher.run_dir`);
+- unless OPTICO_ALLOW_COMMANDS=true, anything that makes the workers run other code than OptiCo's own
+  driver: a Megatron-LM command, another interpreter, Ray `runtime_env`/`ray_init`, and environment
+  variables that change what a process loads (LD_PRELOAD, PYTHONPATH, ...).
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import yaml
-
 from optico.service.settings import ServiceSettings
-from optico.spec import JobSpec, SpecError, parse_spec
+from optico.spec import JobSpec, SpecError, parse_spec_text
 
 PACKAGE_DATA = Path(__file__).resolve().parents[1] / "data"
-MAX_DEPTH = 64  # a spec is a few levels deep; anything deeper is an attack on the parser
-
-
-def _depth(value: object, level: int = 0) -> int:
-    if level > MAX_DEPTH:
-        return level
-    if isinstance(value, dict):
-        return max((_depth(v, level + 1) for v in value.values()), default=level + 1)
-    if isinstance(value, list):
-        return max((_depth(v, level + 1) for v in value), default=level + 1)
-    return level
-
-
-def _parse(raw: bytes, content_type: str) -> object:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError("body", f"not UTF-8 text (byte {exc.start})") from None
-    kind = content_type.split(";")[0].strip().lower()
-    try:
-        if kind in ("", "application/json") or kind.endswith("+json"):
-            data = json.loads(text)
-        elif kind in ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain"):
-            data = yaml.safe_load(text)
-        else:
-            raise SpecError("body", f"unsupported content type {kind!r}; send application/json or application/yaml")
-    except (ValueError, yaml.YAMLError, RecursionError) as exc:
-        raise SpecError("body", f"not valid {'YAML' if 'yaml' in kind else 'JSON'}: "
-                                f"{str(exc).splitlines()[0][:200]}") from None
-    if _depth(data) > MAX_DEPTH:
-        raise SpecError("body", f"nested deeper than {MAX_DEPTH} levels")
-    return data
+JSON_TYPES = ("application/json",)
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
+# Variables that make a process load or run something else than the command it was given.
+LOADER_VARIABLES = ("LD_", "DYLD_", "PYTHON", "BASH_ENV", "ENV", "PATH", "PERL5", "RUBY", "NODE_OPTIONS")
 
 
 def _inside(path: Path, roots: list[Path]) -> bool:
@@ -58,21 +34,54 @@ def _files_named(data: object) -> list[tuple[str, object]]:
     launcher = data.get("launcher")
     found = [("calibration", data.get("calibration"))]
     if isinstance(launcher, dict):
-        found.append(("launcher.data", launcher.get("data")))
+        found += [("launcher.data", launcher.get("data")), ("launcher.run_dir", launcher.get("run_dir"))]
     return [(field, value) for field, value in found if value is not None]
+
+
+def _refuse_code(spec: JobSpec) -> None:
+    launcher = spec.launcher
+    program = launcher.program
+    if program is not None and program.kind == "megatron-lm":
+        raise SpecError("launcher.program.command", "this service does not run submitted commands")
+    if program is not None and getattr(program, "python", None):
+        raise SpecError("launcher.program.python", "this service runs trials with its own interpreter")
+    if launcher.runtime_env:
+        raise SpecError("launcher.runtime_env", "this service does not take a Ray runtime_env from a request")
+    if launcher.ray_init:
+        raise SpecError("launcher.ray_init", "this service starts Ray with its own settings")
+    for name in launcher.env:
+        if name.upper().startswith(LOADER_VARIABLES):
+            raise SpecError(f"launcher.env.{name}", "variables that change what a process loads are refused")
 
 
 def spec_from_body(raw: bytes, content_type: str, settings: ServiceSettings) -> JobSpec:
     """The submitted spec, or SpecError naming the field and the reason."""
-    data = _parse(raw, content_type)
+    kind = content_type.split(";")[0].strip().lower() or "application/json"
+    if kind not in JSON_TYPES + YAML_TYPES and not kind.endswith("+json"):
+        raise SpecError("body", f"unsupported content type {kind[:60]!r}; send application/json or application/yaml")
+    if kind in JSON_TYPES or kind.endswith("+json"):
+        try:  # strict JSON first: YAML would read some malformed JSON as a string
+            json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise SpecError("body", f"not valid JSON: {str(exc).splitlines()[0][:200]}") from None
+        except UnicodeDecodeError:
+            raise SpecError("body", "not UTF-8 text") from None
     roots = [PACKAGE_DATA.resolve(), *(Path(r).expanduser().resolve() for r in settings.file_roots)]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError("body", f"not UTF-8 text (byte {exc.start})") from None
+    from optico.safe_yaml import load_yaml
+
+    try:
+        data = load_yaml(text)
+    except Exception:  # noqa: BLE001 - parse_spec_text below reports it with the field and the reason
+        data = None
     for field, value in _files_named(data):
         if not isinstance(value, str) or not Path(value).is_absolute() or not _inside(Path(value), roots):
             raise SpecError(field, "the service reads files only by absolute path under its allowed roots "
                                    "(the package's data, OPTICO_FILE_ROOTS)")
-    spec = parse_spec(data)
-    program = spec.launcher.program
-    if program is not None and program.kind == "megatron-lm" and not settings.allow_commands:
-        raise SpecError("launcher.program.command", "this service does not run submitted commands "
-                                                    "(OPTICO_ALLOW_COMMANDS=true allows it)")
+    spec = parse_spec_text(raw, origin_name="body")
+    if not settings.allow_commands:
+        _refuse_code(spec)
     return spec

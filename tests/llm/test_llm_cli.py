@@ -64,14 +64,14 @@ def test_jobs_show_messages_displays_the_llm_audit_trail(db_url: str, fake_llm, 
     trials = store.trials(1)
     assert any(t.failure for t in trials), "seed 3 with hang_rate 0.5 should fail a run"
     store.close()
-    shown = runner.invoke(app, ["jobs", "show", "1", "--messages", "--database", db_url], env={"COLUMNS": "200"})
+    shown = runner.invoke(app, ["jobs", "show", "1", "--full", "--database", db_url], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     text = shown.output
     assert "analysis · llm_call" in text and "generation · llm_call" in text and "failure · llm_call" in text
     assert '"health":' in text and '"prompt_tokens":' in text and "(Confidence: " in text
     assert '"reasoning":' not in text  # the chain of thought is stored, shown on request
     assert API_KEY not in text
-    with_reasoning = runner.invoke(app, ["jobs", "show", "1", "--messages", "--reasoning", "--database", db_url],
+    with_reasoning = runner.invoke(app, ["jobs", "show", "1", "--full", "--reasoning", "--database", db_url],
                                    env={"COLUMNS": "200"})
     assert '"reasoning":' in with_reasoning.output
 

@@ -1,0 +1,23 @@
+"""The one error every input check raises: which field, and why, in one line."""
+
+from __future__ import annotations
+
+# Room for a dotted path and a reason quoting a value; a 50 MB value must not become a 50 MB
+# message (the REST API returns it, the CLI prints it).
+MAX_FIELD_CHARS = 200
+MAX_REASON_CHARS = 500
+
+
+def _one_line(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class SpecError(ValueError):
+    """Input that cannot run: `field` is the dotted path into the spec (or the command-line
+    option, or the file), `reason` says why. Both are one line and bounded in length."""
+
+    def __init__(self, field: str, reason: str):
+        self.field = _one_line(field, MAX_FIELD_CHARS)
+        self.reason = _one_line(reason, MAX_REASON_CHARS)
+        super().__init__(f"{self.field}: {self.reason}" if self.field else self.reason)

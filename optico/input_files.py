@@ -1,0 +1,161 @@
+"""Files a spec or a command names, read within bounds and checked before anything runs.
+
+Spec YAML, replay CSV and calibration JSON all come from a user (or, through the REST API,
+from anyone holding a token). Each is read here whole, once, at spec load: a size cap first
+(`/dev/zero`, a 4 GB log), then regular-file, UTF-8 and no-NUL checks (a binary, a FIFO,
+`/etc/shadow`), then the format. Errors are `SpecError(field, reason)` naming the field that
+pointed at the file, so a broken file is one line at load time and never a traceback after
+the job row exists.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from optico.errors import SpecError
+
+MAX_SPEC_BYTES = 256 * 1024  # a full spec is a few KB
+MAX_CSV_BYTES = 8 * 1024 * 1024  # 8x the largest published table we ship
+MAX_JSON_BYTES = 1024 * 1024  # a calibration is ~2 KB
+MAX_CSV_ROWS = 20_000  # 30x the largest published table; parsing a row costs ~25 us
+
+
+def resolve(path_text: str, base_dir: Path | None) -> Path:
+    """A path from a spec: `~` expanded, relative ones taken from `base_dir` (the spec's folder)."""
+    path = Path(path_text).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return path
+
+
+def read_text(path: Path, field: str, what: str, max_bytes: int) -> str:
+    """The file's text, or SpecError(field) saying why it is not a readable `what`."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise SpecError(field, f"no such file: {path}") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise SpecError(field, f"cannot read {path}: {_os_reason(exc)}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise SpecError(field, f"{path} is a directory, not a {what}")
+    if not stat.S_ISREG(info.st_mode):
+        raise SpecError(field, f"{path} is not a regular file (a device, pipe or socket), not a {what}")
+    if info.st_size > max_bytes:
+        raise SpecError(field, f"{path} is {info.st_size:,} bytes; a {what} may be at most {max_bytes:,}")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)  # st_size can lie (/proc); the read is bounded anyway
+    except OSError as exc:
+        raise SpecError(field, f"cannot read {path}: {_os_reason(exc)}") from None
+    if len(data) > max_bytes:
+        raise SpecError(field, f"{path} is more than {max_bytes:,} bytes; a {what} may be at most {max_bytes:,}")
+    return decode_text(data, field, f"{path}", what)
+
+
+def decode_text(data: bytes, field: str, name: str, what: str) -> str:
+    """UTF-8 text (a BOM allowed) without NUL characters, or SpecError(field)."""
+    if b"\x00" in data:
+        raise SpecError(field, f"{name} is binary (it holds NUL bytes), not a {what}")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SpecError(field, f"{name} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}), "
+                               f"not a {what}") from None
+
+
+def _os_reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+
+
+# -- calibration JSON ------------------------------------------------------------------------------
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def read_calibration(path: Path, field: str = "calibration"):
+    """The performance-model constants in `path` (JSON from `optico perfmodel calibrate`),
+    checked field by field; SpecError naming `field.<constant>` otherwise."""
+    from optico.perfmodel.constants import Constants
+
+    text = read_text(path, field, "calibration JSON", MAX_JSON_BYTES)
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise SpecError(field, f"{path.name} is not valid JSON at line {exc.lineno}, column {exc.colno}: "
+                               f"{exc.msg}") from None
+    except ValueError as exc:
+        raise SpecError(field, f"{path.name}: {exc}") from None
+    except RecursionError:
+        raise SpecError(field, f"{path.name} is nested too deeply to be a calibration") from None
+    if not isinstance(data, dict):
+        raise SpecError(field, f"{path.name} must hold a JSON object of constants, got {type(data).__name__}")
+    data.pop("_meta", None)
+    try:
+        return Constants.model_validate(data, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join([field, *(str(p) for p in err["loc"])])
+        reason = "unknown constant" if err["type"] == "extra_forbidden" else err["msg"]
+        raise SpecError(where, f"{reason} (in {path.name})") from None
+
+
+# -- replay CSV ----------------------------------------------------------------------------------
+
+def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") -> None:
+    """Reads the replay CSV at spec load and refuses what the replay launcher would choke on or
+    silently trust: a file that is not the format, a row it cannot parse, no usable row for this
+    workload, none inside the search space, or a measurement impossible on the declared GPU
+    (MFU above 100 % of its peak, peak memory above its capacity, a time or rate that is not
+    positive). Errors name the file and, for a row, its line."""
+    from optico.replay_csv import COLUMNS, matches, measured_mfu, read_replay_csv
+
+    text = read_text(path, field, "replay CSV", MAX_CSV_BYTES)
+    try:
+        records = csv.reader(io.StringIO(text))
+        header = next(records, [])
+        count = sum(1 for _ in itertools.islice(records, MAX_CSV_ROWS + 1))
+    except csv.Error as exc:
+        raise SpecError(field, f"{path.name} is not a CSV file: {exc}") from None
+    if count > MAX_CSV_ROWS:
+        raise SpecError(field, f"{path.name} has more than {MAX_CSV_ROWS:,} rows; a replay CSV may have at most "
+                               f"{MAX_CSV_ROWS:,}")
+    present = [c for c in COLUMNS if c in header]
+    if not present:
+        raise SpecError(field, f"{path.name} is not a replay CSV: its first line names none of the format's "
+                               f"columns ({', '.join(COLUMNS[:4])}, ...; see docs/launchers.md)")
+    try:
+        rows = read_replay_csv(path)
+    except (ValueError, csv.Error, OSError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SpecError(field, reason.replace(str(path), path.name)) from None
+    measuring = [r for r in rows if r.usable and matches(r, workload)]
+    if not measuring:
+        usable = sum(r.usable for r in rows)
+        raise SpecError(field, f"{path.name}: none of its {len(rows)} rows ({usable} usable) measures this "
+                               f"workload ({workload.describe()})")
+    for row in measuring:
+        _check_possible(row, measured_mfu(row), workload, field)
+    if not any(space.contains(r.strategy) for r in measuring):
+        raise SpecError(field, f"{path.name}: none of the {len(measuring)} configurations it measures for this "
+                               f"workload lies inside the search space")
+
+
+def _check_possible(row, mfu: float | None, workload, field: str) -> None:
+    from optico.plausible import measurement_problem
+
+    problem = measurement_problem(
+        workload, mfu=mfu if row.result == "ok" else None, mem_max_gib=row.mem_max_gib,
+        step_time_s=row.step_time_s, tokens_per_s_per_gpu=row.tokens_per_s_per_gpu,
+        tflops_per_gpu=row.tflops_per_gpu, mfu_column=row.mfu)
+    if problem:
+        raise SpecError(field, f"{row.where}: {problem}")

@@ -1,0 +1,167 @@
+"""YAML for specs: PyYAML's SafeLoader with bounds, so a hostile file fails fast, naming the line.
+
+SafeLoader already refuses arbitrary Python objects. What it does not bound, and what this
+loader does, all before a single Python object is built:
+- depth: the composer recurses per level, so 20,000 nested lists end in RecursionError;
+- size after alias expansion ("billion laughs"): a 600-byte document whose aliases expand to
+  billions of nodes costs nothing to parse but everything to validate or store as JSON;
+  recursive aliases (`&a [*a]`) are refused the same way;
+- types: only what JSON has (strings, integers, finite floats, booleans, null, lists and
+  mappings with string keys), so a spec always stores and round-trips; `2024-01-01` stays a
+  string, `!!binary`, `!!set` and custom tags are refused;
+- duplicate keys, which YAML forbids but PyYAML resolves silently (the last one wins);
+- magnitudes: integer literals beyond 64 bits, strings beyond `MAX_SCALAR_CHARS`, NUL
+  characters (no path, argument or environment value may hold one).
+Every refusal is a `yaml.MarkedYAMLError`, so callers report it like a syntax error.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+MAX_DEPTH = 32
+MAX_NODES = 20_000  # after alias expansion; a full spec has a few hundred
+MAX_EXPANDED_CHARS = 1 << 20  # characters of all scalars, after alias expansion
+MAX_SCALAR_CHARS = 16_384
+MAX_INT_DIGITS = 19  # 64-bit integers
+
+_TAG = "tag:yaml.org,2002:"
+ALLOWED_TAGS = frozenset(_TAG + t for t in ("str", "int", "float", "bool", "null", "seq", "map", "merge"))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class YamlLimitError(yaml.MarkedYAMLError):
+    """The document breaks one of this module's bounds."""
+
+
+def _refuse(problem: str, node_or_mark: Any) -> YamlLimitError:
+    mark = getattr(node_or_mark, "start_mark", node_or_mark)
+    return YamlLimitError(problem=problem, problem_mark=mark)
+
+
+class BoundedSafeLoader(yaml.SafeLoader):
+    """SafeLoader with the module's bounds; use `load_yaml`."""
+
+    # No implicit timestamps: a date-looking value stays the string it was written as.
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != _TAG + "timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._depth = 0
+        self._composed = 0
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
+        # Bounded here, while composing, because the composer recurses once per level.
+        self._depth += 1
+        self._composed += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _refuse(f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark)
+            if self._composed > MAX_NODES:
+                raise _refuse(f"more than {MAX_NODES} values", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == _TAG + "merge":
+                continue  # `<<: *defaults`: merged keys may be overridden, that is its purpose
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str):
+                raise _refuse(f"mapping keys must be strings, got {type(key).__name__} {key!r} (quote it)",
+                              key_node)
+            if key in seen:
+                raise _refuse(f"duplicate key {key!r}", key_node)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: ScalarNode) -> int:
+        digits = sum(c.isalnum() for c in node.value)
+        if digits > MAX_INT_DIGITS:
+            raise _refuse(f"integer {node.value[:30]!r}... is too large", node)
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node: ScalarNode) -> float:
+        value = super().construct_yaml_float(node)
+        if not math.isfinite(value):
+            raise _refuse(f"{node.value!r} is not a finite number", node)
+        return value
+
+
+BoundedSafeLoader.add_constructor(_TAG + "int", BoundedSafeLoader.construct_yaml_int)
+BoundedSafeLoader.add_constructor(_TAG + "float", BoundedSafeLoader.construct_yaml_float)
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    if isinstance(node, MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def check_graph(root: Node) -> None:
+    """Refuses disallowed tags, bad scalars, recursive aliases and a document whose expansion
+    exceeds the bounds, without expanding it: sizes are summed over the node graph, each
+    shared (aliased) node counted once per reference but computed once."""
+    size: dict[int, tuple[int, int]] = {}  # id(node) -> (nodes, scalar characters) when expanded
+    open_path: set[int] = set()  # nodes started and not finished: the current DFS path
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            nodes, chars = 1, len(node.value) if isinstance(node, ScalarNode) else 0
+            for child in _children(node):
+                n, c = size[id(child)]
+                nodes, chars = nodes + n, chars + c
+            if nodes > MAX_NODES:
+                raise _refuse(f"expands to more than {MAX_NODES} values (aliases included)", node)
+            if chars > MAX_EXPANDED_CHARS:
+                raise _refuse(f"expands to more than {MAX_EXPANDED_CHARS} characters (aliases included)", node)
+            size[key] = (nodes, chars)
+            open_path.discard(key)
+            continue
+        if key in size:
+            continue
+        if key in open_path:
+            raise _refuse("an alias refers to a value that contains it (recursive alias)", node)
+        if node.tag not in ALLOWED_TAGS:
+            raise _refuse(f"tag {node.tag!r} is not allowed (strings, numbers, booleans, null, lists and "
+                          f"mappings only)", node)
+        if isinstance(node, ScalarNode):
+            if len(node.value) > MAX_SCALAR_CHARS:
+                raise _refuse(f"a value longer than {MAX_SCALAR_CHARS} characters", node)
+            if "\x00" in node.value:
+                raise _refuse("a value holds a NUL character", node)
+            if _SURROGATE.search(node.value):  # "\ud800": no encoder (terminal, SQLite, JSON) takes it
+                raise _refuse("a value holds a lone surrogate (not a Unicode character)", node)
+        open_path.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in size)
+
+
+def load_yaml(text: str) -> Any:
+    """The one document in `text` as plain JSON-like data (None for an empty document).
+    Raises yaml.YAMLError (a MarkedYAMLError with a line for every bound) on bad input."""
+    loader = BoundedSafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        check_graph(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()

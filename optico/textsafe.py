@@ -1,0 +1,80 @@
+"""Untrusted text made harmless for a terminal or a web page.
+
+Spec names, presets, run logs, failure diagnoses and LLM answers are written by someone else.
+Printed raw they can
+- break Rich: `[/x]` is read as a closing markup tag and raises MarkupError mid-job;
+- drive the terminal: ESC sequences (CSI colours, cursor moves, OSC window titles and
+  hyperlinks), C1 controls, carriage returns that overwrite the line, bidi overrides that
+  reorder what the reader sees (CVE-2021-42574, "Trojan Source");
+- flood the screen: a 50 MB name.
+
+`terminal_text` neutralises all of that by showing each such character as a visible escape
+(`\\x1b`, `\\u202e`), so what was there stays readable. `markup` additionally escapes Rich
+markup for text spliced into a markup string; `rich_text` gives a `rich.text.Text`, which Rich
+never parses as markup (prefer it for table cells). `html_escape` is the same for HTML.
+
+Redaction of secrets is `optico.redact`'s job and comes first; these helpers only make text
+safe to show.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+from rich.markup import escape as _rich_escape
+from rich.text import Text
+
+# C0 controls except TAB and LF, DEL, C1 controls; bidi embeddings, overrides and isolates;
+# line/paragraph separators (a terminal may treat them as newlines); lone surrogates (undecodable
+# bytes of a file name: no encoder takes them); zero-width joiners are left alone (they are part
+# of ordinary emoji and scripts).
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029\ufeff\ud800-\udfff]")
+_NEWLINES = re.compile(r"\r\n|\r|\n")
+
+# Long enough for any name, path or diagnosis a person reads; the rest is elided, not wrapped
+# over a thousand lines.
+DEFAULT_MAX_CHARS = 2000
+
+
+def _visible(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def clip(text: str, max_chars: int = DEFAULT_MAX_CHARS) -> str:
+    """`text` cut to `max_chars` characters, saying how much was cut."""
+    if len(text) <= max_chars:
+        return text
+    return f"{text[:max_chars]}… [{len(text) - max_chars} more characters]"
+
+
+def terminal_text(value: object, *, one_line: bool = False, max_chars: int | None = DEFAULT_MAX_CHARS) -> str:
+    """`value` as a string that cannot control the terminal: every control, escape and bidi
+    character shown as a visible escape. With `one_line`, newlines become `\\n` too.
+    Cut to `max_chars` (None: no limit) before escaping, so the limit bounds the work."""
+    text = value if isinstance(value, str) else str(value)
+    if max_chars is not None:
+        text = clip(text, max_chars)
+    if one_line:
+        text = _NEWLINES.sub("\\\\n", text)
+    else:
+        text = _NEWLINES.sub("\n", text)  # a bare CR would overwrite the line it is on
+    return _UNSAFE.sub(_visible, text.replace("\t", " " if one_line else "\t"))
+
+
+def markup(value: object, *, one_line: bool = False, max_chars: int | None = DEFAULT_MAX_CHARS) -> str:
+    """`terminal_text`, with Rich markup escaped: safe inside a string Rich renders as markup."""
+    return _rich_escape(terminal_text(value, one_line=one_line, max_chars=max_chars))
+
+
+def rich_text(value: object, style: str = "", *, one_line: bool = False,
+              max_chars: int | None = DEFAULT_MAX_CHARS) -> Text:
+    """A `rich.text.Text` of `terminal_text(value)`: never parsed as markup or emoji codes."""
+    return Text(terminal_text(value, one_line=one_line, max_chars=max_chars), style=style)
+
+
+def html_escape(value: object, *, max_chars: int | None = DEFAULT_MAX_CHARS) -> str:
+    """`value` for an HTML page (element text or a quoted attribute): `& < > " '` escaped and
+    control/bidi characters shown as visible escapes."""
+    return html.escape(terminal_text(value, max_chars=max_chars), quote=True)

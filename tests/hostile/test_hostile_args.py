@@ -1,0 +1,116 @@
+"""Hostile command lines: every one a one-line error naming the option, exit 2, no traceback, no job
+row, within 5 s and 1 GB — checked before a job could be created, so a valid spec is used where the
+spec is not the point."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.hostile.cases import GOOD
+from tests.hostile.conftest import assert_refused, job_rows, run_in_process, run_limited
+
+import yaml
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> str:
+    path = tmp_path / "good.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    return str(path)
+
+
+def _not_a_db(tmp_path: Path) -> str:
+    path = tmp_path / "notes.txt"
+    path.write_text("not a database\n" * 100)
+    return str(path)
+
+
+# (id, argv builder given (spec path, tmp_path), the field the error names)
+ARGS = [
+    ("mysql URL", lambda s, t: ["tune", s, "--database", "mysql://root:hunter2@db/optico"], "--database"),
+    ("not a URL", lambda s, t: ["tune", s, "--database", "::::"], "--database"),
+    ("sqlite under a file", lambda s, t: ["tune", s, "--database", "sqlite:////etc/hostname/pool.db"], "--database"),
+    ("sqlite file that is not a database", lambda s, t: ["tune", s, "--database", f"sqlite:///{_not_a_db(t)}"],
+     "--database"),
+    ("sqlite path is a directory", lambda s, t: ["tune", s, "--database", f"sqlite:///{t}"], "--database"),
+    ("postgres server not there", lambda s, t: ["tune", s, "--database", "postgresql://u:s3cret@127.0.0.1:1/x"],
+     "--database"),
+    ("--json under a file", lambda s, t: ["tune", s, "--json", "/etc/hostname/result.json"], "--json"),
+    ("--json is a directory", lambda s, t: ["tune", s, "--json", str(t)], "--json"),
+    ("--max-trials negative", lambda s, t: ["tune", s, "--max-trials", "-1"], "--max-trials"),
+    ("--max-trials huge", lambda s, t: ["tune", s, "--max-trials", "1" + "0" * 30], "--max-trials"),
+    ("--max-trials float", lambda s, t: ["tune", s, "--max-trials", "2.5"], "--max-trials"),
+    ("--seed negative", lambda s, t: ["tune", s, "--seed", "-5"], "--seed"),
+    ("--seed not a number", lambda s, t: ["tune", s, "--seed", "abc"], "--seed"),
+    ("--resume zero", lambda s, t: ["tune", "--resume", "0"], "--resume"),
+    ("--resume beyond SQL integers", lambda s, t: ["tune", "--resume", "9" * 25], "--resume"),
+    ("--resume and a spec", lambda s, t: ["tune", s, "--resume", "1"], "--resume"),
+    ("--launcher unknown", lambda s, t: ["tune", s, "--launcher", "slurm"], "--launcher"),
+    ("--launcher replay without data", lambda s, t: ["tune", s, "--launcher", "replay"], "--launcher"),
+    ("--launcher local without GPUs", lambda s, t: ["tune", s, "--launcher", "local"], "workload.cluster.gpu"),
+    ("--reasoner unknown", lambda s, t: ["tune", s, "--reasoner", "gpt-9"], "--reasoner"),
+    ("--reasoner openai without settings", lambda s, t: ["tune", s, "--reasoner", "openai"], "reasoner openai"),
+    ("unknown option", lambda s, t: ["tune", s, "--turbo"], "--turbo"),
+    ("no spec", lambda s, t: ["tune"], "SPEC.yaml"),
+    ("two specs", lambda s, t: ["tune", s, s], "optico tune"),
+    ("spec is a directory", lambda s, t: ["tune", str(t)], None),
+    ("spec is /dev/zero", lambda s, t: ["tune", "/dev/zero"], "zero"),
+    ("spec with a NUL in its path", lambda s, t: ["tune", s + "\0.yaml"], None),
+    ("jobs show negative id", lambda s, t: ["jobs", "show", "-1"], None),
+    ("jobs show huge id", lambda s, t: ["jobs", "show", "1" + "0" * 25], "JOB_ID"),
+    ("jobs show unknown id", lambda s, t: ["jobs", "show", "999"], "JOB_ID"),
+    ("jobs show --iteration 0", lambda s, t: ["jobs", "show", "1", "--iteration", "0"], "--iteration"),
+    ("jobs list --limit 0", lambda s, t: ["jobs", "list", "--limit", "0"], "--limit"),
+    ("jobs list --limit huge", lambda s, t: ["jobs", "list", "--limit", "9" * 20], "--limit"),
+    ("unknown command", lambda s, t: ["jobs", "lst"], "optico jobs"),
+    ("db upgrade with a mysql URL", lambda s, t: ["db", "upgrade", "--database", "mysql://db/x"], "--database"),
+    ("db upgrade of a text file", lambda s, t: ["db", "upgrade", "--database", f"sqlite:///{_not_a_db(t)}"],
+     "--database"),
+    ("perfmodel --data is /etc/passwd", lambda s, t: ["perfmodel", "evaluate", "--data", "/etc/passwd"], "--data"),
+    ("perfmodel --data binary", lambda s, t: ["perfmodel", "evaluate", "--data", "/bin/sh"], "--data"),
+    ("perfmodel --calibration not JSON", lambda s, t: ["perfmodel", "evaluate", "--data", str(
+        Path(__file__).resolve().parents[2] / "optico" / "data" / "optico_llama3_8b_a100.csv"),
+        "--calibration", "/etc/passwd"], "--calibration"),
+    ("perfmodel calibrate --max-evals negative", lambda s, t: ["perfmodel", "calibrate", "--data", "x.csv",
+                                                               "--max-evals", "-3"], "--max-evals"),
+]
+
+
+@pytest.mark.parametrize("case", ARGS, ids=[a[0] for a in ARGS])
+def test_hostile_arguments_are_refused_in_one_line(case, spec: str, tmp_path: Path, pool_env: Path):
+    _, argv, field = case
+    outcome = run_in_process(argv(spec, tmp_path))
+    assert_refused(outcome, pool_env, field)
+    assert "hunter2" not in outcome.stderr and "s3cret" not in outcome.stderr  # passwords never printed
+
+
+def test_the_table_is_large_enough():
+    assert len(ARGS) >= 15
+
+
+def test_missing_postgres_driver(spec: str, pool_env: Path, monkeypatch: pytest.MonkeyPatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "psycopg" else real(name, *a))
+    outcome = run_in_process(["tune", spec, "--database", "postgresql://u@db/optico"])
+    assert_refused(outcome, pool_env, "--database")
+    assert "psycopg" in outcome.stderr
+
+
+def test_environment_variables_are_inputs_too(spec: str, tmp_path: Path, pool_env: Path,
+                                              monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("OPTICO_CALIBRATION", "/etc/passwd")
+    assert_refused(run_in_process(["tune", spec]), pool_env, "OPTICO_CALIBRATION")
+    monkeypatch.delenv("OPTICO_CALIBRATION")
+    monkeypatch.delenv("OPTICO_DATABASE_URL")
+    monkeypatch.setenv("OPTICO_HOME", "/etc/hostname/optico")  # a data dir that cannot be created
+    assert_refused(run_in_process(["jobs", "list"]), pool_env, "OPTICO_HOME")
+
+
+def test_a_hostile_url_in_a_hard_memory_limit(spec: str, tmp_path: Path, pool_env: Path):
+    outcome = run_limited(["tune", spec, "--database", "mysql://root:hunter2@db/optico"], dict(os.environ))
+    assert_refused(outcome, pool_env, "--database", startup_s=3.0)
+    assert job_rows(pool_env) == 0 and "hunter2" not in outcome.stderr

@@ -1,0 +1,95 @@
+"""Untrusted text on the terminal: stored names, rationales, diagnoses and LLM messages holding Rich
+markup (`[/x]`), ANSI/OSC escapes and control characters print literally and harmlessly, in every
+command that shows them — including text that reached the pool without passing a spec's checks
+(an older pool, the REST API, an LLM)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from optico.textsafe import html_escape, markup, rich_text, terminal_text
+from tests.hostile.conftest import run_in_process
+
+HOSTILE = "[/x] [bold]not bold[/] \x1b]0;pwned\x07\x1b[31mred\x1b[0m \r\x08\x9b \u202egpj.exe :smile:"
+
+
+def test_terminal_text_shows_every_control_character_visibly():
+    text = terminal_text(HOSTILE, one_line=True)
+    assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text and "\u202e" not in text
+    assert "\r" not in text and "\x08" not in text
+    assert "\\x1b]0;pwned\\x07" in text and "\\u202e" in text and "[/x]" in text
+    assert terminal_text("a\nb") == "a\nb" and terminal_text("a\nb", one_line=True) == "a\\nb"
+    assert terminal_text("x" * 10_000, max_chars=100).endswith("[9900 more characters]")
+
+
+def test_markup_and_rich_text_render_literally():
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    console.print(f"[bold]{markup(HOSTILE)}[/]")
+    console.print(rich_text(HOSTILE))
+    shown = console.file.getvalue()
+    assert shown.count("[/x]") == 2 and shown.count("[bold]not bold[/]") == 2 and ":smile:" in shown
+    assert "\x1b" not in shown
+
+
+def test_html_escape():
+    assert html_escape('<script>alert("x")</script> & \x1b[31m') == \
+        "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; \\x1b[31m"
+    assert html_escape("it's") == "it&#x27;s"
+
+
+@pytest.fixture
+def hostile_pool(pool_env: Path) -> Path:
+    """A pool holding a job whose stored texts are all hostile (written past the spec's checks)."""
+    from optico.pool.records import JobStatus
+    from optico.pool.store import SqlStore
+    from optico.strategy import Strategy
+    from optico.trial import Failure, FailureCategory, Metrics, TrialStatus
+    from tests.pool.pool_testkit import make_spec
+
+    with SqlStore(f"sqlite:///{pool_env}") as store:
+        job = store.create_job(make_spec().model_copy(update={"name": HOSTILE}))
+        ok = store.start_trial(job, 1, Strategy(tensor_model_parallel_size=2), rationale=HOSTILE)
+        store.finish_trial(ok.id, status=TrialStatus.OK, metrics=Metrics(
+            step_time_s=1.0, tflops_per_gpu=300.0, mfu=0.3, tokens_per_s_per_gpu=1000.0, mem_max_gib=40.0,
+            mem_limit_gib=79.0))
+        bad = store.start_trial(job, 2, Strategy(tensor_model_parallel_size=4), rationale=HOSTILE)
+        store.finish_trial(bad.id, status=TrialStatus.FAILED, log_path=f"/tmp/{HOSTILE}/stdout.log",
+                           failure=Failure(category=FailureCategory.UNKNOWN, summary=HOSTILE, confidence=30))
+        store.add_message(job, 1, "analysis", "llm_call", {"completion": HOSTILE, "model": HOSTILE}, HOSTILE)
+        store.add_message(job, 2, "failure", "diagnosis", {"summary": HOSTILE}, HOSTILE)
+        store.set_job_status(job, JobStatus.FAILED, stop_reason=HOSTILE)
+    return pool_env
+
+
+@pytest.mark.parametrize("argv", [["jobs", "list"], ["jobs", "list", "--wide"], ["jobs", "show", "1"],
+                                  ["jobs", "show", "1", "--messages"], ["jobs", "show", "1", "--full"],
+                                  ["jobs", "show", "1", "--agent", "failure"]])
+def test_jobs_commands_print_hostile_text_literally(argv: list[str], hostile_pool: Path):
+    outcome = run_in_process(argv)
+    assert outcome.exception is None and outcome.code == 0, (outcome.exception, outcome.stderr)
+    shown = outcome.stdout
+    assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown and "\r" not in shown
+    if argv[1] == "show":
+        assert "[/x]" in shown
+
+
+def test_live_view_prints_hostile_events_literally():
+    import importlib
+
+    tune_cli = importlib.import_module("optico.cli.tune")
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        view = tune_cli.TrialView(3, live=False)
+        view.on_event("trial_started", {"index": 1, "strategy": HOSTILE})
+        view.on_event("trial_done", {"index": 1, "strategy": HOSTILE, "status": "failed", "summary": HOSTILE,
+                                     "rationale": HOSTILE, "best_mfu": None, "log_path": HOSTILE})
+        view.on_event("fallback", {"agent": "analysis", "error": HOSTILE})
+        view.on_event("job_done", {"stop_reason": HOSTILE})
+    assert "[/x]" in buffer.getvalue() and "\x1b" not in buffer.getvalue()
