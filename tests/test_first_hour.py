@@ -92,7 +92,6 @@ def test_jobs_show_filters(first_run):
 
 
 def test_a_job_whose_worker_died_says_so_and_how_to_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from optico.pool.records import JobStatus
     from optico.pool.store import SqlStore
     from tests.pool.pool_testkit import make_spec
 
@@ -102,11 +101,9 @@ def test_a_job_whose_worker_died_says_so_and_how_to_resume(tmp_path: Path, monke
         alive = store.create_job(make_spec("alive"))
         dead = store.create_job(make_spec("dead"))
         for job in (alive, dead):
-            store.set_job_status(job, JobStatus.RUNNING)
-            store.heartbeat(job)
-    with sqlite3.connect(db) as conn:  # the dead one's worker stopped beating a day ago
-        conn.execute("UPDATE optico_jobs SET heartbeat_at = ?, updated_at = ? WHERE id = ?",
-                     ("2000-01-01 00:00:00", "2000-01-01 00:00:00", dead))
+            store.claim_job(f"worker-{job}", 600, job_id=job)
+    with sqlite3.connect(db) as conn:  # the dead one's worker stopped renewing its lease a day ago
+        conn.execute("UPDATE optico_jobs SET lease_expires_at = ? WHERE id = ?", ("2000-01-01 00:00:00", dead))
     listed = run_in_process(["jobs", "list"])
     assert listed.code == 0, listed.stderr
     rows = {line.split()[0]: line for line in listed.stdout.splitlines() if line.strip()[:1].isdigit()}
@@ -116,17 +113,19 @@ def test_a_job_whose_worker_died_says_so_and_how_to_resume(tmp_path: Path, monke
     assert "running (worker gone)" in shown.stdout and f"optico tune --resume {dead}" in shown.stdout
 
 
-def test_worker_gone_reads_the_lease_when_there_is_one():
+def test_worker_gone_reads_the_lease():
     from optico.cli.views import worker_gone
+    from optico.pool.records import JobStatus
+    from tests.pool.pool_testkit import make_spec
 
     now = datetime.now(timezone.utc)
-    spec = SimpleNamespace(launcher=SimpleNamespace(kind="sim", timeout_s=3600, delay_s=0))
-    job = SimpleNamespace(status="running", spec=spec, heartbeat_at=now - timedelta(days=1), lease_owner="w1",
+    job = SimpleNamespace(status=JobStatus.RUNNING, spec=make_spec(), lease_owner="w1",
                           lease_expires_at=now + timedelta(seconds=30))
-    assert not worker_gone(job, now)  # the lease decides, not the old heartbeat
+    job.lease_live = lambda at: job.lease_owner is not None and job.lease_expires_at > at
+    assert not worker_gone(job, now)
     job.lease_expires_at = now - timedelta(seconds=1)
     assert worker_gone(job, now)
-    job.status = "succeeded"
+    job.status = JobStatus.SUCCEEDED
     assert not worker_gone(job, now)
 
 

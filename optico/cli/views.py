@@ -8,8 +8,8 @@ may hold `[/x]` or terminal escapes; an LLM may answer anything).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
-from typing import Any
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group, RenderableType
 from rich.padding import Padding
@@ -20,7 +20,6 @@ from optico.textsafe import rich_text, terminal_text
 INDENT = 4
 # Without a lease (before the service's lifecycle), a running job whose heartbeat is older than
 # its longest possible trial plus this margin has lost its worker.
-HEARTBEAT_GRACE_S = 600.0
 
 
 def trial_block(index: int, strategy: str, status: str, *, mfu: float | None = None,
@@ -102,36 +101,22 @@ def summary(result: dict[str, Any], console: Console) -> None:
             console.print(Text(" " * 2 + line), soft_wrap=True)
 
 
+if TYPE_CHECKING:  # only for annotations: the views do not open the pool
+    from optico.pool.records import JobRecord
+
 # -- job states ------------------------------------------------------------------------------------
 
-def worker_gone(job: Any, now: datetime | None = None) -> bool:
-    """A job stored as running (or stopping) whose worker is no longer there: its lease expired, or,
-    for pools without leases, its heartbeat is older than any trial it could be running."""
-    status = getattr(job.status, "value", job.status)
-    if status not in ("running", "stopping"):
+def worker_gone(job: JobRecord, now: datetime | None = None) -> bool:
+    """A job stored as running (or stopping) whose worker is no longer there: its lease expired (the
+    worker renews it on a heartbeat for the whole run, however long a trial takes). Another worker,
+    or `optico tune --resume`, takes it over."""
+    if not job.status.active:
         return False
-    now = now or datetime.now(timezone.utc)
-    expires = getattr(job, "lease_expires_at", None)
-    if expires is not None:
-        return _utc(expires) < now
-    if getattr(job, "lease_owner", None) is not None:
-        return False  # a lease without an expiry: trust it
-    beat = getattr(job, "heartbeat_at", None) or getattr(job, "updated_at", None)
-    if beat is None:
-        return False
-    launcher = job.spec.launcher
-    # Real runs may take their whole wall-clock limit between heartbeats; simulated ones their delay.
-    longest = launcher.timeout_s if launcher.kind in ("local", "ray") else launcher.delay_s
-    return now - _utc(beat) > timedelta(seconds=longest + HEARTBEAT_GRACE_S)
+    return not job.lease_live(now or datetime.now(timezone.utc))
 
 
-def _utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value
-
-
-def status_label(job: Any) -> str:
-    status = getattr(job.status, "value", str(job.status))
-    return f"{status} (worker gone)" if worker_gone(job) else status
+def status_label(job: JobRecord) -> str:
+    return f"{job.status.value} (worker gone)" if worker_gone(job) else job.status.value
 
 
 def resume_hint(job: Any) -> str:

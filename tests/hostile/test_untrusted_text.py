@@ -54,6 +54,7 @@ def hostile_pool(pool_env: Path) -> Path:
 
     with SqlStore(f"sqlite:///{pool_env}") as store:
         job = store.create_job(make_spec().model_copy(update={"name": HOSTILE}))
+        store.claim_job("w", 60, job_id=job)
         ok = store.start_trial(job, 1, Strategy(tensor_model_parallel_size=2), rationale=HOSTILE)
         store.finish_trial(ok.id, status=TrialStatus.OK, metrics=Metrics(
             step_time_s=1.0, tflops_per_gpu=300.0, mfu=0.3, tokens_per_s_per_gpu=1000.0, mem_max_gib=40.0,
@@ -63,7 +64,7 @@ def hostile_pool(pool_env: Path) -> Path:
                            failure=Failure(category=FailureCategory.UNKNOWN, summary=HOSTILE, confidence=30))
         store.add_message(job, 1, "analysis", "llm_call", {"completion": HOSTILE, "model": HOSTILE}, HOSTILE)
         store.add_message(job, 2, "failure", "diagnosis", {"summary": HOSTILE}, HOSTILE)
-        store.set_job_status(job, JobStatus.FAILED, stop_reason=HOSTILE)
+        store.transition(job, JobStatus.FAILED, reason=HOSTILE, worker="w")
     return pool_env
 
 

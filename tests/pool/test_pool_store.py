@@ -8,12 +8,12 @@ from datetime import datetime, timezone
 import pytest
 from pool_testkit import make_spec
 from pydantic import ValidationError
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from optico.events import AgentOutput, TrialStarted
 from optico.pool import AgentMessage, JobRecord, JobStatus, SqlStore, Store, StoredEvent, StoreError
-from optico.pool.models import EventRow, JobRow, MessageRow, TrialRow, WorkloadRow
+from optico.pool.models import EventRow, MessageRow, TrialRow, WorkloadRow
 from optico.strategy import Strategy
 from optico.trial import Failure, FailureCategory, Metrics, Trial, TrialStatus
 

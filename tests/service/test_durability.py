@@ -15,17 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
-from service_testkit import FAST, Service, spec, wait_for
+from service_testkit import FAST, spec, wait_for
 
 from optico.pool import JobStatus, SqlStore
 from optico.runner import run_job
 from optico.spec import parse_spec
 from optico.trial import TrialStatus
 
-# Kill points in an order where no trial is killed mid-launch twice (a third launch would be refused
-# and the trial recorded lost): the trial a lease-renewal kill interrupts is re-run to its end by the
-# next process, which dies only after storing it.
-KILLS = ["analysis:2", "before_checkpoint:2", "lease_renewal:3", "after_trial:2", "trial:2"]
+# Kill points in an order where no trial can be killed mid-launch twice (it would then be recorded
+# lost, by design): the first process dies launching its first trial, which the next process re-runs
+# first (the oldest job) to its end; the three after it die where no trial runs; the lease-renewal
+# kill, which may land mid-launch, comes last, and the final process re-runs that trial once.
+KILLS = ["trial:1", "analysis:1", "before_checkpoint:1", "after_trial:1", "lease_renewal:3"]
 
 
 def reference(bodies: list[dict], tmp_path: Path) -> dict[int, list[tuple[str, dict | None]]]:
@@ -65,8 +66,10 @@ def test_sigkill_at_five_points_then_restart(make_service, db_url: str, tmp_path
         service.kill()
         for job_id, body in zip(jobs, bodies, strict=True):
             trials = store.trials(job_id)
-            assert [t.index for t in trials] == list(range(1, body["budget"]["max_trials"] + 1))
-            assert all(t.status is TrialStatus.OK for t in trials), [t.status for t in trials]
+            story = [(e.seq, e.kind, e.event.model_dump(exclude={"kind"})) for e in store.events(job_id)
+                     if e.kind in ("state", "lease", "trial_started", "trial_done", "trial_lost")]
+            assert [t.index for t in trials] == list(range(1, body["budget"]["max_trials"] + 1)), story
+            assert all(t.status is TrialStatus.OK for t in trials), ([t.status for t in trials], story)
             assert len({t.signature for t in trials}) == len(trials), "a configuration ran twice"
             assert all(t.attempts <= 2 for t in trials)
             assert outcome(store, job_id) == expected[job_id], "the kills changed what the job found"
