@@ -1,12 +1,13 @@
 """The performance model corrected by a job's own measurements.
 
-MFU: a Gaussian process on the model's log error over configurations
+MFU and peak memory: a Gaussian process on the model's log error over configurations
 (`optico.perfmodel.residual.ResidualGP`) is re-fitted after every trial. A prediction for an
 untried configuration is the model's, moved by what the trials say about the knob values, knob
 pairs and workload it shares with them, and comes with a standard deviation: how far off the model
-may still be there. Memory: the ratios measured/predicted peak memory, weighted by how similar a
-measured configuration is; a known OOM says memory was at least the limit there, which lifts the
-memory ratio of its neighbours.
+may still be there. A known OOM says memory was at least the limit there (a point just above it),
+which lifts the memory of the configurations that share its knob values; the chance of fitting reads
+the memory posterior's spread, so a configuration near the limit and far from every measurement is
+a risk, not a certainty.
 
 `SWITCHES` turns parts off for the benchmark's ablations (`optico bench --ablations`): the online
 correction, and the guard's memory prediction.
@@ -25,6 +26,11 @@ import numpy as np
 from optico.perfmodel.constants import Constants, load_constants
 from optico.perfmodel.model import Prediction, predict
 from optico.perfmodel.residual import ResidualGP, ResidualPrior
+
+# The memory model's error (optico perfmodel evaluate: peak memory off by ~14 % median on shared data,
+# 3 % on our H100 rows): smaller than MFU's per knob, and measured with little noise.
+MEMORY_PRIOR = ResidualPrior(offset=0.08, main=0.05, pair=0.03, config=0.02, noise=0.01)
+FIT_NOISE = 0.03  # run-to-run peak-memory spread around the posterior (allocator, fragmentation)
 from optico.strategy import FIELDS, Strategy
 from optico.trial import FailureCategory, Trial, TrialStatus
 from optico.workload import Workload
@@ -109,9 +115,9 @@ class JobModel:
         self._vectors: dict[str, np.ndarray] = {}
         self._columns = np.arange(len(FIELDS))  # the fields the residual model reads
         self._gp = ResidualGP(len(FIELDS), self.prior)
+        self._mem_gp = ResidualGP(len(FIELDS), MEMORY_PRIOR)
         self._mfu_measured: dict[str, float] = {}  # signature -> mean measured MFU (OK trials)
         self._measured_strategies: dict[str, Strategy] = {}
-        self._mem_obs: tuple[np.ndarray, np.ndarray] = (np.empty((0, len(FIELDS))), np.empty(0))
         self._corrected: dict[str, np.ndarray] = {}
         self._pool_index: dict[str, int] = {}
         self._pool: list[Strategy] = []
@@ -128,6 +134,7 @@ class JobModel:
             varying = np.flatnonzero((self._pool_matrix != self._pool_matrix[0]).any(axis=0))
             self._columns = varying if len(varying) else np.arange(len(FIELDS))
         self._gp = ResidualGP(len(self._columns), self.prior)
+        self._mem_gp = ResidualGP(len(self._columns), MEMORY_PRIOR)
         self._corrected = {}
 
     def base(self, s: Strategy) -> Prediction:
@@ -151,29 +158,32 @@ class JobModel:
             trials = []
         mfu: dict[str, list[float]] = {}
         strategies: dict[str, Strategy] = {}
-        mem = []
+        mem: dict[str, list[float]] = {}
         limit = self.workload.cluster.spec.memory_gib
         for t in trials:
             base = self.base(t.strategy)
+            strategies.setdefault(t.signature, t.strategy)
             if t.status == TrialStatus.OK and t.metrics:
                 mfu.setdefault(t.signature, []).append(t.metrics.mfu)
-                strategies[t.signature] = t.strategy
                 if t.metrics.mem_max_gib:
-                    mem.append((self._vector(t.strategy), t.metrics.mem_max_gib / base.mem_gib))
+                    mem.setdefault(t.signature, []).append(math.log(t.metrics.mem_max_gib / base.mem_gib))
             elif t.failure and t.failure.category == FailureCategory.OOM:
-                mem.append((self._vector(t.strategy), max(1.0, 1.02 * limit / base.mem_gib)))
+                mem.setdefault(t.signature, []).append(max(0.0, math.log(1.02 * limit / base.mem_gib)))
         # A configuration measured twice is one point with less noise; the GP sees the mean.
         self._mfu_measured = {sig: float(np.mean(v)) for sig, v in mfu.items()}
-        self._measured_strategies = strategies
-        if mfu:
-            X = np.stack([self._vector(strategies[sig])[self._columns] for sig in mfu])
-            y = np.array([math.log(self._mfu_measured[sig] / self.base(strategies[sig]).mfu) for sig in mfu])
-        else:
-            X, y = np.empty((0, len(self._columns)), dtype=np.int64), np.empty(0)
-        self._gp.fit(X, y)
-        self._mem_obs = (np.stack([v for v, _ in mem]), np.array([r for _, r in mem])) if mem else \
-            (np.empty((0, len(FIELDS))), np.empty(0))
+        self._measured_strategies = {sig: strategies[sig] for sig in mfu}
+        self._gp.fit(*self._points(strategies, {sig: [math.log(self._mfu_measured[sig] /
+                                                                 self.base(strategies[sig]).mfu)]
+                                                     for sig in mfu}))
+        self._mem_gp.fit(*self._points(strategies, mem))
         self._corrected = {}
+
+    def _points(self, strategies: dict[str, Strategy], values: dict[str, list[float]]
+                ) -> tuple[np.ndarray, np.ndarray]:
+        if not values:
+            return np.empty((0, len(self._columns)), dtype=np.int64), np.empty(0)
+        X = np.stack([self._vector(strategies[sig])[self._columns] for sig in values])
+        return X, np.array([float(np.mean(v)) for v in values.values()])
 
     @property
     def measured(self) -> dict[str, float]:
@@ -186,39 +196,23 @@ class JobModel:
         return max((self.mfu(s) for s in self._measured_strategies.values()), default=0.0)
 
     # -- corrections ----------------------------------------------------------------------
-    def _pool_posterior(self) -> tuple[np.ndarray, np.ndarray]:
-        if "mfu" not in self._corrected:
-            mean, sd = self._gp.predict(self._pool_matrix[:, self._columns])
-            self._corrected["mfu"], self._corrected["mfu_sd"] = mean, sd
-        return self._corrected["mfu"], self._corrected["mfu_sd"]
+    def _posterior(self, gp: ResidualGP, kind: str, s: Strategy) -> tuple[float, float]:
+        sig = s.signature()
+        if sig in self._pool_index:
+            if kind not in self._corrected:
+                self._corrected[kind], self._corrected[kind + "_sd"] = gp.predict(self._pool_matrix[:, self._columns])
+            i = self._pool_index[sig]
+            return float(self._corrected[kind][i]), float(self._corrected[kind + "_sd"][i])
+        mean, sd = gp.predict(self._vector(s)[None, self._columns])
+        return float(mean[0]), float(sd[0])
 
     def log_error(self, s: Strategy) -> tuple[float, float]:
         """Posterior (mean, standard deviation) of log(true MFU / model MFU) at `s`."""
-        sig = s.signature()
-        if sig in self._pool_index:
-            mean, sd = self._pool_posterior()
-            i = self._pool_index[sig]
-            return float(mean[i]), float(sd[i])
-        mean, sd = self._gp.predict(self._vector(s)[None, self._columns])
-        return float(mean[0]), float(sd[0])
+        return self._posterior(self._gp, "mfu", s)
 
-    @staticmethod
-    def _weighted(points: np.ndarray, vectors: np.ndarray, ratios: np.ndarray) -> np.ndarray:
-        """Similarity-weighted mean of `ratios` for each row of `points`."""
-        dist = ((points[:, None, :] != vectors[None, :, :]) * _WEIGHTS).sum(axis=2)
-        weights = np.exp(-2.0 * dist)
-        return (weights * ratios).sum(axis=1) / weights.sum(axis=1)
-
-    def _mem_correction(self, s: Strategy) -> float:
-        vectors, ratios = self._mem_obs
-        if not len(ratios):
-            return 1.0
-        sig = s.signature()
-        if "mem" not in self._corrected and self._pool_index:
-            self._corrected["mem"] = self._weighted(self._pool_matrix, vectors, ratios)  # whole pool at once
-        if "mem" in self._corrected and sig in self._pool_index:
-            return float(self._corrected["mem"][self._pool_index[sig]])
-        return float(self._weighted(self._vector(s)[None, :], vectors, ratios)[0])
+    def mem_log_error(self, s: Strategy) -> tuple[float, float]:
+        """Posterior (mean, standard deviation) of log(true peak memory / model memory) at `s`."""
+        return self._posterior(self._mem_gp, "mem", s)
 
     # -- what the agents and the guard ask ------------------------------------------------
     def mfu(self, s: Strategy) -> float:
@@ -230,16 +224,18 @@ class JobModel:
         return self.log_error(s)[1]
 
     def mem_gib(self, s: Strategy) -> float:
-        return self.base(s).mem_gib * self._mem_correction(s)
+        """Expected peak memory: the model's, corrected by the posterior mean of its log error."""
+        return self.base(s).mem_gib * math.exp(self.mem_log_error(s)[0])
 
     @property
     def limit_gib(self) -> float:
         return self.workload.cluster.spec.memory_gib
 
-    def fit_probability(self, s: Strategy, spread: float = 0.04) -> float:
-        """Chance the run fits in memory, taking the prediction as normal with `spread` relative error."""
-        mem = self.mem_gib(s)
-        return 0.5 * (1.0 + math.erf((self.limit_gib - mem) / (spread * mem * math.sqrt(2.0))))
+    def fit_probability(self, s: Strategy) -> float:
+        """Chance the run fits in memory under the memory posterior (plus run-to-run spread)."""
+        mean, sd = self.mem_log_error(s)
+        margin = math.log(self.limit_gib / self.base(s).mem_gib) - mean
+        return 0.5 * (1.0 + math.erf(margin / (math.sqrt(sd * sd + FIT_NOISE**2) * math.sqrt(2.0))))
 
     def expected_mfu(self, s: Strategy) -> float:
         """MFU weighted by the chance of fitting: a launch that runs out of memory measures nothing."""
