@@ -20,6 +20,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[dev,megatron,ray,postgres]"
+	# optico bench's independent landscapes: llm-analysis without its optional transformers pin
+	$(BIN)/pip install -q --no-deps "llm-analysis==0.2.2" && $(BIN)/pip install -q "fire>=0.5,<0.6"
 	touch $@
 
 install: $(VENV)/.installed

@@ -43,6 +43,7 @@ from optico.events import (
     TrialLost,
     TrialStarted,
 )
+from optico.agents.stopping import converged
 from optico.guard import Guard
 from optico.launchers.base import Launcher
 from optico.perfmodel.online import JobModel
@@ -288,20 +289,8 @@ def generate(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
 
 
 def _converged(ctx: LoopContext, trials: list[Trial]) -> str | None:
-    """A stop reason when nothing admissible is predicted to come close to the best measured MFU."""
-    budget, best = ctx.spec.budget, _best(trials)
-    if budget.converge_tol is None or best is None or len(trials) < budget.min_trials:
-        return None
-    ctx.model.observe([*ctx.prior, *trials])
-    # The same score the analysis ranks by, so convergence and suggestions never disagree.
-    remaining = [ctx.model.expected_mfu(s) for s in ctx.pool if ctx.guard.admissible(s, trials, ctx.prior)]
-    if not remaining:
-        return None  # the guard below reports exhaustion
-    top = max(remaining)
-    if top < best.mfu * (1 + budget.converge_tol):
-        return (f"converged: the best untried configuration is predicted at {top:.1%} MFU, not "
-                f"{budget.converge_tol:.1%} better than the best measured {best.mfu:.1%}")
-    return None
+    """A stop reason once no untried configuration is expected to pay (optico.agents.stopping)."""
+    return converged(ctx.model, ctx.guard, ctx.pool, trials, ctx.prior, ctx.spec.budget)
 
 
 def guard(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:

@@ -3,14 +3,15 @@
 1. Health diagnosis of the reference run (best so far): the paper's four states.
 2. Bottleneck class with evidence: measured metrics plus the performance model.
 3. Ranked "Change X from A to B." suggestions over the untried, not-known-to-fail,
-   predicted-to-fit configurations, scored by the job-corrected performance model;
-   ranked by expected MFU (predicted MFU times the chance of fitting in memory);
-   moves that answer the health state and the bottleneck with one or two changes
-   come first (standard tuning), larger jumps follow (exploratory fallback).
+   predicted-to-fit configurations, ranked by `optico.agents.acquisition`: the expected
+   MFU gain over the best run under the job model's remaining uncertainty, times the
+   chance of fitting in memory; near-ties and a diagnosed health state go to moves that
+   answer the state and the bottleneck with one or two changes (standard tuning).
 """
 
 from __future__ import annotations
 
+from optico.agents import acquisition
 from optico.agents.contracts import (
     AnalysisInput,
     AnalysisOutput,
@@ -23,19 +24,6 @@ from optico.perfmodel.bottleneck import Bottleneck
 from optico.perfmodel.online import JobModel
 from optico.strategy import Strategy
 from optico.trial import Trial, TrialStatus
-
-# Suggestions within this MFU of each other count as a tie: the smaller move wins.
-_TIE = 0.004
-# A parallel layout the job has not measured yet gets this much optimism: the model's error there is
-# uncorrected, and a tuner that only trusts the model never learns where the model is wrong.
-EXPLORE_BONUS = 0.02
-# A move answering the health state goes first if it is expected within this fraction of the best.
-_HEALTH_SLACK = 0.03
-
-
-def _layout(s: Strategy) -> tuple[int, int, int, int, int]:
-    return (s.tp, s.pp, s.cp, s.ep, s.vpp)
-
 
 def _pct(x: float, bound: float) -> str:
     """`x` as a percentage precise enough not to read as `bound` ("95.0% > 95%" is no reason)."""
@@ -142,9 +130,8 @@ class RulesAnalysis:
             bottleneck = Bottleneck.MEMORY_CAPACITY
 
         ref_mfu = ref_trial.metrics.mfu if ref_trial and ref_trial.metrics else model.mfu(ref)
-        measured_layouts = {_layout(t.strategy) for t in inp.history if t.status == TrialStatus.OK}
         counts = {"tried or known to fail": 0, "predicted OOM": 0, "other": 0}
-        scored: list[tuple[float, int, bool, Strategy]] = []
+        entries: list[tuple[Strategy, int, bool]] = []
         for cand in self.pool:
             verdict = self.guard.check(cand, inp.history, inp.prior)
             if not verdict.admitted:
@@ -153,19 +140,9 @@ class RulesAnalysis:
                 counts[key] += 1
                 continue
             n_changes = len(ref.diff(cand))
-            standard = n_changes <= 2 and _answers(health, bottleneck, ref, cand, model)
-            score = model.expected_mfu(cand)
-            if _layout(cand) not in measured_layouts:
-                score *= 1 + EXPLORE_BONUS  # optimism where no measurement has corrected the model yet
-            scored.append((score, n_changes, standard, cand))
-
-        # Best predicted first; near-ties go to standard moves, then to fewer changes.
-        scored.sort(key=lambda x: (-round(x[0] / _TIE), not x[2], x[1]))
-        if health != HealthState.PERFORMANCE_TUNE and scored:
-            # The diagnosed state is answered first, as the paper's procedure does — unless the
-            # model expects clearly more from another move (a rule must not hide a large win).
-            best = scored[0][0]
-            scored.sort(key=lambda x: not (x[2] and x[0] >= best * (1 - _HEALTH_SLACK)))
+            entries.append((cand, n_changes, n_changes <= 2 and _answers(health, bottleneck, ref, cand, model)))
+        # Expected gain under the residual model's uncertainty (optico.agents.acquisition).
+        scored = acquisition.rank(model, entries, answer_health=health != HealthState.PERFORMANCE_TUNE)
         suggestions = []
         for _, n_changes, standard, cand in scored[: inp.max_suggestions]:
             mfu = model.mfu(cand)

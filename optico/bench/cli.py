@@ -9,22 +9,25 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from optico.bench.suite import DEFAULT_TUNERS
+
 console = Console()
 err = Console(stderr=True)
 
 
 def bench(
-    suite: str = typer.Option("all", "--suite", help="Built-in landscapes: sim, replay or all."),
+    suite: str = typer.Option("all", "--suite", help="Landscape groups: all, independent, out-of-form, real, self "
+                                                      "(sim = every self-generated landscape, replay = the packaged "
+                                                      "table)."),
     landscape: Optional[list[Path]] = typer.Option(None, "--landscape", metavar="FILE.csv",
                                                    help="Also replay every workload of this CSV (repeatable)."),
     more_landscapes: Optional[list[Path]] = typer.Argument(None, metavar="[FILE.csv ...]", show_default=False,
                                                            help="More landscape CSVs after the first --landscape "
                                                                 "(so a shell glob works)."),
-    tuners: str = typer.Option("optico,random,grid,optuna", "--tuners",
-                               help="Comma-separated: optico, random, grid, optuna (expert is added where a "
-                                    "landscape has one)."),
-    budget: int = typer.Option(20, "--budget", help="Trials per tuner, landscape and seed."),
-    seeds: int = typer.Option(5, "--seeds", help="Seeds 0..N-1 per tuner and landscape."),
+    tuners: str = typer.Option(",".join(DEFAULT_TUNERS), "--tuners",
+                               help="Comma-separated tuners (expert is added where a landscape has one)."),
+    budget: int = typer.Option(20, "--budget", help="Launches per tuner, landscape and seed."),
+    seeds: int = typer.Option(20, "--seeds", help="Seeds 0..N-1 per tuner and landscape (run noise, hangs)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the figures as JSON here."),
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write the convergence plot (PNG) here."),
     markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the Markdown report here."),
@@ -33,21 +36,37 @@ def bench(
     only: Optional[list[str]] = typer.Option(None, "--only", help="Keep landscapes whose name contains this "
                                                                   "(repeatable)."),
     reasoner: str = typer.Option("rules", "--reasoner", help="OptiCo's reasoners: rules or openai."),
-    fidelity: bool = typer.Option(False, "--fidelity", help="Also report how far the tuner's model is from "
-                                                            "each landscape (costs a prediction per configuration)."),
-    all_clusters: bool = typer.Option(False, "--all-clusters", help="Simulated presets on 8, 16 and 64 GPUs of "
-                                                                    "both kinds (36 landscapes, ~1.5x the time)."),
+    fidelity: bool = typer.Option(True, "--fidelity/--no-fidelity", help="Report how far the tuner's model is "
+                                                                         "from each landscape."),
+    all_clusters: bool = typer.Option(False, "--all-clusters", help="With --suite sim: every preset on 8, 16 and "
+                                                                    "64 GPUs of both kinds."),
+    sweep: Optional[str] = typer.Option(None, "--sweep", help="Also run the out-of-form family at these effect "
+                                                              "sizes (comma-separated, e.g. 0,0.05,0.1,0.15,0.2)."),
+    ablations: bool = typer.Option(False, "--ablations", help="Also run OptiCo with each of its parts off."),
+    quick: bool = typer.Option(False, "--quick", help="A few landscapes of each group, 5 seeds, the main tuners "
+                                                      "(~1-2 min)."),
+    dev: bool = typer.Option(False, "--dev", help="Development landscapes (for tuning), not the frozen test draw."),
 ) -> None:
-    """Benchmark OptiCo against random, grid and Optuna TPE search (and the expert baseline)."""
+    """Benchmark OptiCo against the baselines a competent user would run (docs/benchmarks.md)."""
     from optico.bench.report import markdown, plot, write_json
-    from optico.bench.suite import run_benchmark, select_landscapes
+    from optico.bench.suite import landscape_seed, run_benchmark, select_landscapes
+    from optico.bench.tuners import ABLATIONS
     from optico.spec import ReasonerSpec
 
     names = [t.strip() for t in tuners.split(",") if t.strip()]
+    if ablations:
+        names += [a for a in ABLATIONS if a not in names]
+    if quick:
+        seeds = min(seeds, 5)
+        names = [n for n in names if n not in ("gp-warm", "random", "tpe")] if tuners == ",".join(DEFAULT_TUNERS) \
+            else names
     try:
+        sizes = [float(x) for x in sweep.split(",") if x.strip()] if sweep else []
+        if any(x < 0 for x in sizes):
+            raise ValueError("--sweep: effect sizes must be >= 0")
         csvs = [str(p) for p in [*(landscape or []), *(more_landscapes or [])]]
-        defs = select_landscapes(suite, csvs, only or [],  # type: ignore[arg-type]
-                                 all_clusters=all_clusters)
+        defs = select_landscapes(suite, csvs, only or [], all_clusters=all_clusters,  # type: ignore[arg-type]
+                                 dev=dev, sweep=sizes, quick=quick)
         spec = ReasonerSpec(analysis=reasoner, generation=reasoner, failure=reasoner)  # type: ignore[arg-type]
     except ValueError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
@@ -60,7 +79,7 @@ def bench(
 
     def done(r: dict[str, Any]) -> None:
         if "skipped" in r:
-            console.print(f"  {r['name']}: skipped ({r['skipped']})", highlight=False)
+            console.print(f"  {r['name']}: refused ({r['skipped']})", highlight=False)
             return
         secs = " ".join(f"{k} {v:.1f}s" for k, v in r["seconds"].items())
         console.print(f"  {r['name']}: {r['landscape']['configurations']} configurations, optimum "
@@ -68,7 +87,9 @@ def bench(
 
     try:
         doc = run_benchmark(defs, names, budget=budget, seeds=seeds, jobs=jobs, reasoner=spec,
-                            fidelity=fidelity, on_done=done)
+                            fidelity=fidelity, on_done=done,
+                            meta={"landscape_seed": landscape_seed(dev), "dev": dev, "suite": suite,
+                                  "sweep": sizes, "quick": quick})
     except ValueError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2)

@@ -174,6 +174,10 @@ class Landscape:
     deviations: dict[str, float] = field(default_factory=dict)
     noise: dict[str, float] = field(default_factory=dict)
     replay_path: str | None = None
+    # Which family the landscape belongs to (report sections): independent, out-of-form, real, self.
+    group: str = "self"
+    # The performance-model constants OptiCo and the model-based baselines use here (None: shipped).
+    calibration: str | None = None
 
     @cached_property
     def optimum(self) -> Strategy:
@@ -205,10 +209,15 @@ class Landscape:
             else LauncherSpec(kind="sim", seed=seed)
         return JobSpec(name=f"bench-{self.name}-seed{seed}", workload=self.workload, search_space=self.space,
                        baseline=baseline, budget=Budget(max_trials=budget), launcher=launcher,
-                       reasoner=reasoner or ReasonerSpec(), seed=seed)
+                       reasoner=reasoner or ReasonerSpec(), seed=seed, calibration=self.calibration)
+
+    def job_model(self) -> JobModel:
+        """The tuner-side performance model of this landscape (its calibration, no observations)."""
+        return JobModel(self.workload, load_constants(self.calibration))
 
     def summary(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "workload": self.workload.describe(),
+        return {"name": self.name, "kind": self.kind, "group": self.group, "calibration": self.calibration,
+                "workload": self.workload.describe(),
                 "configurations": len(self.candidates),
                 "fitting": sum(1 for t in self.truth.values() if t.mfu is not None),
                 "optimum_mfu": self.optimum_mfu, "optimum": self.optimum.short(),
@@ -220,17 +229,32 @@ class HiddenSimLauncher(SimLauncher):
     """The simulator with step-time effects its constants cannot express: each configuration's
     step time is multiplied by exp(sum of the main effects of its values + |shortfall·z|), z ~ N(0, 1)
     cut at 2.5 and fixed per configuration (seeded by the landscape and the signature) —
-    systematic, like a real cluster, not run-to-run noise."""
+    systematic, like a real cluster, not run-to-run noise. Out-of-form landscapes add pairwise
+    interactions (an effect per pair of knob values) and a two-sided residual per configuration
+    (`residual`·z, z ~ N(0, 1) cut at 3): effects of a form the tuner's model has no term for."""
 
-    def __init__(self, *, effects: dict[tuple[str, str], float], shortfall: float, **kwargs: Any):
+    def __init__(self, *, effects: dict[tuple[str, str], float], shortfall: float,
+                 interactions: dict[tuple[str, str, str, str], float] | None = None, residual: float = 0.0,
+                 **kwargs: Any):
         super().__init__(**kwargs)
         self.effects, self.shortfall = effects, shortfall
+        self.interactions, self.residual = interactions or {}, residual
+        self._fields = sorted({f for f, _ in self.effects})
 
     def factor(self, s: Strategy) -> float:
         n = s.normalized()
-        main = sum(self.effects.get((f, repr(getattr(n, f))), 0.0) for f in {f for f, _ in self.effects})
+        values = {f: repr(getattr(n, f)) for f in self._fields}
+        main = sum(self.effects.get((f, v), 0.0) for f, v in values.items())
         z = float(np.clip(_rng(self.seed, "shortfall", s.signature()).standard_normal(), -2.5, 2.5))
-        return float(np.exp(main + abs(self.shortfall * z)))
+        log_f = main + abs(self.shortfall * z)
+        if self.interactions:
+            items = sorted(values.items())
+            log_f += sum(self.interactions.get((f, v, g, u), 0.0) for i, (f, v) in enumerate(items)
+                         for g, u in items[i + 1:])
+        if self.residual:
+            r = float(np.clip(_rng(self.seed, "residual", s.signature()).standard_normal(), -3.0, 3.0))
+            log_f += self.residual * r
+        return float(np.exp(log_f))
 
     async def launch(self, workload: Workload, strategy: Strategy, *, trial_key: str,
                      progress: ProgressCallback | None = None) -> LaunchResult:
@@ -256,7 +280,7 @@ def model_agreement(landscape: Landscape) -> dict[str, float | None]:
     fraction of the optimum (0 = it fails there)."""
     from scipy.stats import spearmanr
 
-    model = JobModel(landscape.workload)
+    model = landscape.job_model()
     runs = [s for s in landscape.candidates if landscape.true_mfu(s) is not None]
     true = np.array([landscape.true_mfu(s) for s in runs], dtype=float)
     pred = np.array([model.mfu(s) for s in runs])
@@ -315,6 +339,10 @@ class SimDef(BaseModel):
     tunables: dict[str, list[Any]]
     fixed: dict[str, Any]
     landscape_seed: int = 0
+    # Out-of-form effects (log step time std dev): half the variance in pairwise interactions, half
+    # in a two-sided residual per configuration; 0 = the self-generated family.
+    effect_size: float = 0.0
+    group: str = "self"
 
     def size_hint(self) -> int:
         """The space's raw size (before validity): a cheap guess at the cost of the landscape."""
@@ -336,9 +364,11 @@ class SimDef(BaseModel):
                    for f, domain in space.tunables.items() for v in domain}
         shortfall = float(rng.uniform(*SHORTFALLS))
         sim_seed = int(rng.integers(0, 2**31))
+        interactions, residual = out_of_form(space, self.effect_size, _rng("out-of-form", self.landscape_seed,
+                                                                            self.name))
+        effects_kw = dict(effects=effects, shortfall=shortfall, interactions=interactions, residual=residual)
         truth = _evaluate_all(HiddenSimLauncher(seed=sim_seed, noise=0.0, hang_rate=0.0, constants=hidden,
-                                                mem_noise=mem_noise, effects=effects, shortfall=shortfall),
-                              w, candidates)
+                                                mem_noise=mem_noise, **effects_kw), w, candidates)
         fitting = sum(t.mfu is not None for t in truth.values())
         if fitting < MIN_FITTING_SHARE * len(candidates):
             raise LandscapeSkipped(f"only {fitting} of {len(candidates)} configurations fit in memory: a "
@@ -352,12 +382,34 @@ class SimDef(BaseModel):
 
         def make() -> Launcher:
             return HiddenSimLauncher(seed=sim_seed, noise=step_noise, hang_rate=HANG_RATE, constants=hidden,
-                                     mem_noise=mem_noise, effects=effects, shortfall=shortfall)
+                                     mem_noise=mem_noise, **effects_kw)
 
         return Landscape(name=self.name, kind="sim", workload=w, space=space, candidates=candidates, truth=truth,
                          make_launcher=make, expert=expert, expert_source=source, hidden=hidden, deviations=moved,
                          noise={"step_time": step_noise, "memory": mem_noise, "main_effects": effect_sigma,
-                                "shortfall": shortfall, "hang_rate": HANG_RATE})
+                                "shortfall": shortfall, "hang_rate": HANG_RATE, "out_of_form": self.effect_size},
+                         group=self.group)
+
+
+def out_of_form(space: SearchSpace, size: float, rng: np.random.Generator
+                ) -> tuple[dict[tuple[str, str, str, str], float], float]:
+    """Effects of a form the tuner's model cannot express, of total log-step-time std dev `size`:
+    an effect per pair of values of two tunables (N(0, s_pair^2), s_pair so the pairs of one
+    configuration sum to variance size^2/2) and the std dev of a two-sided per-configuration residual
+    (variance size^2/2). Returns (interactions keyed (field, repr(value), field, repr(value)) with the
+    fields in name order, residual std dev)."""
+    if size <= 0:
+        return {}, 0.0
+    fields = sorted(f for f, v in space.tunables.items() if len(v) > 1)
+    n_pairs = max(1, len(fields) * (len(fields) - 1) // 2)
+    s_pair = size * float(np.sqrt(0.5 / n_pairs))
+    out: dict[tuple[str, str, str, str], float] = {}
+    for i, f in enumerate(fields):
+        for g in fields[i + 1:]:
+            for v in space.tunables[f]:
+                for u in space.tunables[g]:
+                    out[(f, repr(v), g, repr(u))] = float(s_pair * np.clip(rng.standard_normal(), -3, 3))
+    return out, size * float(np.sqrt(0.5))
 
 
 @dataclass(frozen=True)
@@ -448,8 +500,10 @@ def suite_clusters(preset: str, all_clusters: bool = False) -> list[tuple[str, i
     return out
 
 
-def sim_defs(landscape_seed: int = 0, presets: list[str] | None = None, all_clusters: bool = False) -> list[SimDef]:
-    """The simulated suite: each preset on its clusters (`suite_clusters`)."""
+def sim_defs(landscape_seed: int = 0, presets: list[str] | None = None, all_clusters: bool = False,
+             effect_size: float = 0.0, group: str = "self", suffix: str = "") -> list[SimDef]:
+    """The simulated suite: each preset on its clusters (`suite_clusters`); `effect_size` adds
+    out-of-form effects (`out_of_form`), `suffix` goes on every name."""
     out = []
     for preset, setup in MODEL_SETUPS.items():
         if presets is not None and preset not in presets:
@@ -460,9 +514,10 @@ def sim_defs(landscape_seed: int = 0, presets: list[str] | None = None, all_clus
                          global_batch_size=overrides.get("global_batch_size", setup.gbs_per_gpu * world),
                          precision=overrides.get("precision", "bf16"),
                          cluster=Cluster(gpu=gpu, gpus_per_node=8, nodes=world // 8))
-            name = f"{preset}-{gpu.split('-')[0]}-{world}"
+            name = f"{preset}-{gpu.split('-')[0]}-{world}{suffix}"
             out.append(SimDef(name=name, preset=preset, workload=w, tunables=sim_tunables(w, setup),
-                              fixed=sim_fixed(w), landscape_seed=landscape_seed))
+                              fixed=sim_fixed(w), landscape_seed=landscape_seed, effect_size=effect_size,
+                              group=group))
     return out
 
 
@@ -476,16 +531,25 @@ class ReplayDef(BaseModel):
     name: str
     path: str
     workload: Workload
+    # OptiCo's constants here: one fitted without this file's rows (optico.bench.separation).
+    calibration: str | None = None
+    group: str = "real"
 
     def size_hint(self) -> int:
         return 1
 
     def build(self) -> Landscape:
+        from optico.bench.separation import LandscapeOverlap, check_disjoint, row_key
+
         base = ReplayLauncher(self.path)
         w = self.workload
         measured = base.candidates(w)
         space = replay_space(w, measured)
         candidates = [s for s in measured if space.contains(s)]
+        try:  # refuse a landscape whose rows the tuner's calibration has seen
+            check_disjoint(self.name, {row_key(w.key(), s.signature()) for s in candidates}, self.calibration)
+        except LandscapeOverlap as exc:
+            raise LandscapeSkipped(str(exc)) from exc
         truth: dict[str, Truth] = {}
         for s in candidates:
             rows = base.rows_for(w, s)
@@ -500,7 +564,7 @@ class ReplayDef(BaseModel):
         return Landscape(name=self.name, kind="replay", workload=w, space=space, candidates=candidates, truth=truth,
                          make_launcher=lambda: ReplayLauncher(self.path), expert=expert,
                          expert_source=recipe.source if expert is not None and recipe else "",
-                         replay_path=self.path)
+                         replay_path=self.path, group=self.group, calibration=self.calibration)
 
 
 def replay_space(w: Workload, measured: list[Strategy]) -> SearchSpace:
@@ -517,9 +581,14 @@ def replay_space(w: Workload, measured: list[Strategy]) -> SearchSpace:
     return SearchSpace.build(w, tunables, fixed)
 
 
-def replay_defs(path: str | Path, min_configs: int = MIN_REPLAY_CONFIGS) -> list[ReplayDef]:
-    """One landscape per distinct workload of the file with at least `min_configs` configurations."""
+def replay_defs(path: str | Path, min_configs: int = MIN_REPLAY_CONFIGS,
+                calibration: str | None = None) -> list[ReplayDef]:
+    """One landscape per distinct workload of the file with at least `min_configs` configurations;
+    `calibration` defaults to the one held out from this file (None when there is none: refused)."""
+    from optico.bench.separation import heldout_calibration
+
     path = Path(path)
+    calibration = calibration or heldout_calibration(path)
     launcher = ReplayLauncher(path)
     out: list[ReplayDef] = []
     seen: list[Workload] = []
@@ -536,6 +605,6 @@ def replay_defs(path: str | Path, min_configs: int = MIN_REPLAY_CONFIGS) -> list
         name = f"replay:{path.stem}:{w.model.name}-{cluster}-gbs{w.global_batch_size}"
         if any(d.name == name for d in out):
             name += f"-line{row.line}"
-        out.append(ReplayDef(name=name, path=str(path), workload=w))
+        out.append(ReplayDef(name=name, path=str(path), workload=w, calibration=calibration))
     return out
 

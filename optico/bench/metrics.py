@@ -54,8 +54,17 @@ def run_metrics(outcomes: Sequence[TrialOutcome], optimum: float, expert_mfu: fl
     curve = best_so_far(outcomes, optimum, budget)
     final = curve[-1] if curve else 0.0
     launched = len(outcomes)
+    spent, by_cost = 0.0, []
+    for k, o in enumerate(outcomes):
+        spent += o.gpu_seconds / 3600
+        by_cost.append((spent, curve[min(k, budget - 1)] if curve else 0.0))
+    reached = _first_reaching(curve, THRESHOLD, budget)
     return {
         "frac_of_opt_at": {str(b): curve[min(b, budget) - 1] if curve else final for b in AT_BUDGETS},
+        "auc": float(sum(curve) / len(curve)) if curve else 0.0,
+        "first_98": reached if reached <= budget else None,
+        "failed": sum(not o.ok for o in outcomes),
+        "curve_gpu_hours": by_cost,
         "trials_to_98": _first_reaching(curve, THRESHOLD, budget),
         "trials_to_expert": None if expert_mfu is None else
         _first_reaching(curve, expert_mfu * (1 - EXPERT_TOLERANCE) / optimum, budget),

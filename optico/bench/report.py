@@ -7,107 +7,123 @@ import os
 from pathlib import Path
 from typing import Any
 
-from optico.bench.metrics import AT_BUDGETS
+from optico.bench.summary import goals
 
-# The issue's goals for OptiCo, checked in every report.
-GOAL_FRAC_AT_10 = 0.99
-GOAL_SPEEDUP = 3.0
-GOAL_FAILED = 0.10
-
-
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{x:.1%}"
+GROUP_TITLES = {
+    "independent": "Independent: llm-analysis landscapes (a third-party simulator)",
+    "out-of-form": "Out-of-form: the simulated family plus effects the model has no term for",
+    "real": "Real: measured tables, replayed (OptiCo calibrated without them)",
+    "self": "Sanity check only: landscapes drawn from OptiCo's own performance model",
+}
 
 
-def _num(x: float | None, digits: int = 1) -> str:
-    if x is None:
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{100 * x:.{digits}f}"
+
+
+def _ci(f: dict[str, Any] | None) -> str:
+    if not f or f.get("mean") is None:
         return "–"
-    return f"{x:.0f}" if float(x).is_integer() else f"{x:.{digits}f}"
+    return f"{_pct(f['mean'])} [{_pct(f['lo'])}, {_pct(f['hi'])}]"
 
 
-def goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's goals for the `optico` tuner: value, target, met."""
-    t = doc["tuners"]
-    o = t.get("optico")
-    if not o:
-        return []
+def _diff(d: dict[str, Any]) -> str:
+    return (f"{100 * d['mean']:+.1f} pt [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}], p = {d['p']:.2g}, "
+            f"wins {d['wins']:.0%} / losses {d['losses']:.0%}")
+
+
+def _group_order(doc: dict[str, Any]) -> list[str]:
+    fixed = [g for g in ("independent", "out-of-form", "real") if g in doc["groups"]]
+    sweeps = sorted(g for g in doc["groups"] if g.startswith("sweep"))
+    return fixed + sweeps + (["self"] if "self" in doc["groups"] else [])
+
+
+def group_table(doc: dict[str, Any], group: str) -> list[str]:
+    g = doc["groups"][group]
     budget = doc["meta"]["budget"]
-    out = [{"goal": "OptiCo best within 10 trials, fraction of the optimum (median)",
-            "value": o["frac_of_opt_at"]["10"], "target": f">= {GOAL_FRAC_AT_10:.0%}",
-            "met": (o["frac_of_opt_at"]["10"] or 0) >= GOAL_FRAC_AT_10}]
-    for other in ("optuna", "random"):
-        if t.get(other) and o["trials_to_98"]:
-            ratio = t[other]["trials_to_98"] / o["trials_to_98"]
-            bound = " (a lower bound: the median run never got there; budget + 1 counted)" \
-                if t[other]["trials_to_98"] > budget else ""
-            out.append({"goal": f"trials to 98 % of the optimum, {other} / OptiCo", "value": ratio,
-                        "target": f">= {GOAL_SPEEDUP:.0f}x", "met": ratio >= GOAL_SPEEDUP,
-                        "detail": f"{_num(t[other]['trials_to_98'])} vs {_num(o['trials_to_98'])}{bound}"})
-    out.append({"goal": "OptiCo failed trials (median fraction)", "value": o["failed_frac"],
-                "target": f"<= {GOAL_FAILED:.0%}", "met": (o["failed_frac"] or 0) <= GOAL_FAILED})
-    return out
+    head = ["tuner", "best @5", "best @10 [95 % CI]", f"best @{budget}", "AUC [95 % CI]", "→98 % by 10",
+            f"→98 % by {budget}", "failed launches", "launches", "GPU-h", "best @ equal GPU-h"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for name, f in sorted(g["tuners"].items(), key=lambda kv: -(kv[1]["best_at"]["10"]["mean"] or 0)):
+        label = f"**{name}**" if name == "optico" else (f"{name} (strongest baseline)" if name == g["strongest"]
+                                                        else name)
+        at_budget = f["best_at"].get(str(budget)) or f["best_at"]["20"]
+        lines.append("| " + " | ".join([
+            label, _pct(f["best_at"]["5"]["mean"]), _ci(f["best_at"]["10"]), _pct(at_budget["mean"]), _ci(f["auc"]),
+            _pct(f["reached_98_at_10"]["mean"], 0) + " %", _pct(f["reached_98"]["mean"], 0) + " %",
+            _pct(f["failed_launches"]) + " %", f"{f['launches']:.1f}", f"{f['gpu_hours']:.1f}",
+            _pct(f["best_equal_gpu_hours"]["mean"])]) + " |")
+    pairs = g["paired"].get("optico", {})
+    if g["strongest"] and g["strongest"] in pairs:
+        lines += ["", f"OptiCo − {g['strongest']} (paired by landscape and seed): best @10 "
+                      f"{_diff(pairs[g['strongest']]['best_at_10'])}; AUC {_diff(pairs[g['strongest']]['auc'])}."]
+    return lines
 
 
-def result_document(doc: dict[str, Any]) -> dict[str, Any]:
-    """The JSON written by `--json`: the issue's schema plus goals, curves and metadata (every
-    trial of every run is left to `--trials`)."""
-    return {**{k: v for k, v in doc.items() if k != "runs"}, "goals": goals(doc)}
+def sweep_table(doc: dict[str, Any]) -> list[str]:
+    sweeps = sorted(g for g in doc["groups"] if g.startswith("sweep"))
+    if not sweeps:
+        return []
+    others = sorted({o for g in sweeps for o in doc["groups"][g]["paired"].get("optico", {})})
+    lines = ["| effect size | OptiCo best @10 | " + " | ".join(f"− {o}" for o in others) + " |",
+             "|---:|---:|" + "---:|" * len(others)]
+    for g in sweeps:
+        grp = doc["groups"][g]
+        row = [g.split()[-1], _ci(grp["tuners"]["optico"]["best_at"]["10"]) if "optico" in grp["tuners"] else "–"]
+        for o in others:
+            d = grp["paired"].get("optico", {}).get(o)
+            row.append("–" if d is None else f"{100 * d['best_at_10']['mean']:+.1f} "
+                                             f"[{100 * d['best_at_10']['lo']:+.1f}, {100 * d['best_at_10']['hi']:+.1f}]")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    meta, tuners = doc["meta"], doc["tuners"]
-    agreement = any("model_agreement" in e["landscape"] for e in doc["landscapes"])
-    lines = [f"Budget {meta['budget']} trials, {meta['seeds']} seeds, {meta['landscapes']} landscapes; "
-             f"medians over seeds, then over landscapes. Wall {meta['wall_seconds']:.0f} s, CPU "
-             f"{meta['cpu_seconds']:.0f} s, {meta['jobs']} worker(s) on {meta['cpus']} CPU(s).", ""]
-    head = ["tuner"] + [f"best @{b}" for b in AT_BUDGETS] + ["trials to 98 %", "trials to expert",
-                                                             "failed", "GPU-hours", "runs reaching 98 %"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
-    for name, f in tuners.items():
-        if f is None:
-            continue
-        row = [f"**{name}**" if name == "optico" else name]
-        row += [_pct(f["frac_of_opt_at"][str(b)]) for b in AT_BUDGETS]
-        row += [_num(f["trials_to_98"]), _num(f["trials_to_expert"]), _pct(f["failed_frac"]),
-                _num(f["gpu_hours"]), _pct(f.get("reached_98"))]
-        lines.append("| " + " | ".join(row) + " |")
-    lines += ["", f"`best @k`: best configuration found within k trials, as a fraction of the landscape's "
-                  f"optimum (true MFU). Never reaching a threshold counts as budget + 1 = {meta['budget'] + 1}.", ""]
-    if agreement:
-        lines += ["`model pick`: the true MFU of the configuration the tuner's performance model likes best before "
-                  "any measurement (fraction of the optimum; 0 % = it fails there). `model ρ top 5 %`: Spearman "
-                  "rank correlation of the model with the landscape over the model's top 5 %.", ""]
+    meta = doc["meta"]
+    held = "yes" if meta.get("frozen") else "NO (the tuner's constants changed after the test seeds were drawn)"
+    lines = [f"Budget {meta['budget']} launches, {meta['seeds']} seeds per landscape, {meta['landscapes']} landscapes "
+             f"(landscape seed {meta.get('landscape_seed')}, {'development' if meta.get('dev') else 'test'} draw; "
+             f"tuner constants frozen before it: {held}). Wall {meta['wall_seconds']:.0f} s, CPU "
+             f"{meta['cpu_seconds']:.0f} s, {meta['jobs']} worker(s) on {meta['cpus']} CPU(s).", "",
+             "Figures are means over runs (landscape x seed) in % of each landscape's optimum, with bootstrap 95 % "
+             "intervals (seeds resampled within landscapes); AUC = mean best-so-far over the budget; →98 % = share "
+             "of runs whose best reached 98 % of the optimum; failed launches = failed / all launches.", ""]
+    for group in _group_order(doc):
+        title = GROUP_TITLES.get(group, f"Out-of-form effects of size {group.split()[-1]} (sensitivity sweep)")
+        lines += [f"### {title}", "", f"{len(doc['groups'][group]['landscapes'])} landscapes.", ""]
+        lines += group_table(doc, group) + [""]
+    sw = sweep_table(doc)
+    if sw:
+        lines += ["### Sensitivity: OptiCo − each baseline, best @10 (pt, 95 % CI) by out-of-form effect size", ""]
+        lines += sw + [""]
     gl = goals(doc)
     if gl:
-        lines += ["Goals:", ""]
+        lines += ["Goals (issue 13):", ""]
         for g in gl:
-            value = f"{g['value']:.1f}x" if "x" in g["target"] else _pct(g["value"])
-            detail = f" ({g['detail']})" if g.get("detail") else ""
-            lines.append(f"- {g['goal']}: {value}{detail}, target {g['target']} — "
-                         f"{'met' if g['met'] else 'NOT met'}")
+            ci = f" [{100 * g['lo']:+.1f}, {100 * g['hi']:+.1f}]" if "lo" in g else ""
+            value = f"{100 * g['value']:+.1f} pt{ci}" if "lo" in g else _pct(g["value"]) + " %"
+            lines.append(f"- {g['group']}: {g['goal']}: {value} — {'met' if g['met'] else 'NOT met'}"
+                         + (f" ({g['detail']})" if g.get("detail") else ""))
         lines.append("")
-    names = [n for n in tuners if tuners[n] is not None]
-    head = ["landscape", "configs", "optimum MFU", "expert"]
-    head += ["model pick", "model ρ top 5 %"] if agreement else []
-    head += [f"{n} @10 / →98" for n in names if n != "expert"]
-    lines += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    names = [n for n in meta["tuners"] if n != "expert"]
+    head = ["landscape", "group", "configs", "optimum MFU", "model ρ", "model pick"] + [f"{n} @10" for n in names]
+    lines += ["Per landscape: mean best @10 (% of optimum).", "",
+              "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for e in doc["landscapes"]:
-        expert = _pct(e["expert_mfu"] / e["optimum_mfu"]) if e["expert_mfu"] else (
-            "fails" if e["landscape"]["expert"] else "–")
-        row = [e["name"], str(e["landscape"]["configurations"]), _pct(e["optimum_mfu"]), expert]
-        if agreement:
-            a = e["landscape"].get("model_agreement") or {}
-            rho = a.get("spearman_top5")
-            row += [_pct(a.get("model_pick")), "–" if rho is None else f"{rho:.2f}"]
-        for n in names:
-            if n == "expert":
-                continue
-            f = e["tuners"].get(n)
-            row.append(f"{_pct(f['frac_of_opt_at']['10'])} / {_num(f['trials_to_98'])}" if f else "–")
+        a = e["landscape"].get("model_agreement") or {}
+        rho = a.get("spearman")
+        row = [e["name"], e["group"], str(e["landscape"]["configurations"]), _pct(e["optimum_mfu"]),
+               "–" if rho is None else f"{rho:.2f}", _pct(a.get("model_pick"))]
+        row += [_pct(e["tuners"][n]["best_at_10"]) if n in e["tuners"] else "–" for n in names]
         lines.append("| " + " | ".join(row) + " |")
     if doc.get("skipped"):
-        lines += ["", "Skipped: " + "; ".join(f"{s['name']} ({s['reason']})" for s in doc["skipped"])]
+        lines += ["", "Refused or skipped: " + "; ".join(f"{s['name']} ({s['reason']})" for s in doc["skipped"])]
     return "\n".join(lines) + "\n"
+
+
+def result_document(doc: dict[str, Any]) -> dict[str, Any]:
+    """The JSON written by `--json`: groups, landscapes, goals, metadata (every trial: `--trials`)."""
+    return {**{k: v for k, v in doc.items() if k != "runs"}, "goals": goals(doc)}
 
 
 def _write(path: Path, text: str) -> None:
@@ -121,37 +137,44 @@ def write_json(doc: dict[str, Any], path: str | Path) -> None:
     _write(Path(path), json.dumps(result_document(doc), indent=1, default=float) + "\n")
 
 
+STYLES = {"optico": ("#d62728", 2.6), "model-greedy": ("#9467bd", 1.6), "model-rank": ("#8c564b", 1.4),
+          "gp-warm": ("#17becf", 1.6), "tpe-warm": ("#1f77b4", 1.6), "tpe": ("#aec7e8", 1.4),
+          "random-fit": ("#7f7f7f", 1.2), "random": ("#c7c7c7", 1.2)}
+
+
 def plot(doc: dict[str, Any], path: str | Path) -> None:
-    """Best so far (fraction of the optimum) against trials, one line per tuner: the median over
-    all runs, quartiles shaded (not for grid and expert, whose quartiles span the axis)."""
+    """Mean best so far (fraction of the optimum) against launches, one panel per group (sweeps left
+    out), one line per tuner; and the ECDF of trials to 98 % below each."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    meta = doc["meta"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
-    styles = {"optico": ("#d62728", 2.6), "optuna": ("#1f77b4", 1.6), "random": ("#7f7f7f", 1.6),
-              "grid": ("#bcbd22", 1.6), "expert": ("#2ca02c", 1.4)}
-    for name, band in doc["curves"].items():
-        if not band["median"]:
-            continue
-        xs = list(range(1, len(band["median"]) + 1))
-        color, width = styles.get(name, (None, 1.6))
-        ls = "--" if name == "expert" else "-"
-        ax.plot(xs, band["median"], ls, color=color, lw=width, label=name)
-        if name not in ("grid", "expert"):  # their quartiles span the whole axis and hide the rest
-            ax.fill_between(xs, band["q25"], band["q75"], color=color, alpha=0.12, lw=0)
-    ax.axhline(0.98, color="k", lw=0.6, ls=":")
-    ax.set_xlabel("trial")
-    ax.set_ylabel("best so far / landscape optimum (true MFU)")
-    ax.set_ylim(0.5, 1.01)
-    ax.set_xlim(1, meta["budget"])
-    ax.set_xticks(range(1, meta["budget"] + 1, 1 if meta["budget"] <= 20 else 5))
-    ax.set_title(f"OptiCo vs black-box search: {meta['landscapes']} landscapes x {meta['seeds']} seeds "
-                 f"(median; quartiles shaded)", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    groups = [g for g in _group_order(doc) if not g.startswith("sweep")]
+    budget = doc["meta"]["budget"]
+    fig, axes = plt.subplots(2, len(groups), figsize=(4.2 * len(groups), 6.4), dpi=110, squeeze=False)
+    for j, group in enumerate(groups):
+        top, bottom = axes[0][j], axes[1][j]
+        for name, f in doc["groups"][group]["tuners"].items():
+            if name == "expert" or (name.startswith("optico-")):
+                continue
+            color, width = STYLES.get(name, (None, 1.2))
+            xs = list(range(1, len(f["curve"]) + 1))
+            top.plot(xs, f["curve"], color=color, lw=width, label=name)
+            bottom.step(list(range(1, len(f["ecdf_98"]) + 1)), f["ecdf_98"], where="post", color=color, lw=width)
+        top.axhline(0.98, color="k", lw=0.6, ls=":")
+        top.set_ylim(0.7, 1.005)
+        top.set_xlim(1, budget)
+        top.set_title(group, fontsize=9)
+        top.grid(alpha=0.3)
+        bottom.set_ylim(0, 1.02)
+        bottom.set_xlim(1, budget)
+        bottom.set_xlabel("launch")
+        bottom.grid(alpha=0.3)
+        if j == 0:
+            top.set_ylabel("mean best so far / optimum")
+            bottom.set_ylabel("share of runs at 98 %")
+    axes[0][0].legend(loc="lower right", fontsize=7)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

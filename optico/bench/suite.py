@@ -16,6 +16,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Literal
 
+from optico.bench import separation
 from optico.bench.landscapes import (
     PACKAGED_REPLAY,
     LandscapeSkipped,
@@ -25,26 +26,77 @@ from optico.bench.landscapes import (
     replay_defs,
     sim_defs,
 )
-from optico.bench.metrics import curve_band, median_metrics, reached_share, run_metrics
+from optico.bench.metrics import run_metrics
+from optico.bench.summary import summarize
+from optico.bench.thirdparty import ThirdPartyDef, thirdparty_defs
 from optico.bench.tuners import make_tuner
 from optico.spec import ReasonerSpec
 
-Suite = Literal["sim", "replay", "all"]
-LandscapeDef = SimDef | ReplayDef
-DEFAULT_TUNERS: tuple[str, ...] = ("optico", "random", "grid", "optuna")
+Suite = Literal["all", "independent", "out-of-form", "real", "self", "sim", "replay"]
+LandscapeDef = SimDef | ReplayDef | ThirdPartyDef
+DEFAULT_TUNERS: tuple[str, ...] = ("optico", "model-rank", "model-greedy", "random-fit", "tpe", "tpe-warm",
+                                   "gp-warm", "random")
+GROUPS = ("independent", "out-of-form", "real", "self")
+# The out-of-form effects' size in the default suite (log step time std dev, ~ relative MFU error): the
+# performance model's median MFU error on real data is ~9 %, its tail ~15 % (docs/benchmarks.md).
+EFFECT_SIZE = 0.10
+# Simulated landscapes of the out-of-form family and of the self-generated sanity check.
+OUT_OF_FORM = ("llama2-7b-a100-8", "llama3-8b-h100-8", "gpt3-7b-a100-16", "mixtral-8x7b-h100-16")
+SELF = ("llama3-8b-a100-8", "qwen2.5-7b-h100-64", "qwen3-moe-24l-a100-8")
+QUICK = {"independent": 2, "out-of-form": 2, "real": 2, "self": 1}
+REPO_DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+
+
+def real_files() -> list[Path]:
+    """Every real measurement table the repository and ../shared/data hold."""
+    files = sorted(separation.SHARED_DATA.glob("*.csv")) + sorted(REPO_DATA.glob("*.csv")) + [PACKAGED_REPLAY]
+    return [f for f in files if f.is_file()]
+
+
+def landscape_seed(dev: bool) -> int:
+    """Development landscapes (tuning) or the frozen test draw (reporting)."""
+    return separation.DEV_LANDSCAPE_SEEDS[1] if dev else separation.test_landscape_seed(0)
+
+
+def _named(defs: list, names: Sequence[str], suffix: str) -> list:
+    return [d for d in defs if d.name.removesuffix(suffix) in names]
 
 
 def select_landscapes(suite: Suite = "all", files: Sequence[str | Path] = (), only: Sequence[str] = (),
-                      all_clusters: bool = False) -> list[LandscapeDef]:
-    """The suite's landscapes plus every workload of `files`; `only` keeps names containing any of
-    its strings; `all_clusters` runs every preset on 8, 16 and 64 GPUs of both kinds."""
-    if suite not in ("sim", "replay", "all"):
-        raise ValueError(f"--suite: {suite!r} is not one of sim, replay, all")
+                      all_clusters: bool = False, dev: bool = False, sweep: Sequence[float] = (),
+                      quick: bool = False) -> list[LandscapeDef]:
+    """The suite's landscapes (see docs/benchmarks.md) plus every workload of `files`; `only` keeps
+    names containing any of its strings; `sweep` adds the out-of-form family at each effect size;
+    `dev` draws development instead of test landscapes; `quick` keeps a few of each group."""
+    if suite not in ("all", "independent", "out-of-form", "real", "self", "sim", "replay"):
+        raise ValueError(f"--suite: {suite!r} is not one of all, independent, out-of-form, real, self")
+    seed = landscape_seed(dev)
+    groups = {"sim": ["self"], "replay": ["real"]}.get(suite, [suite] if suite != "all" else list(GROUPS))
     defs: list[LandscapeDef] = []
-    if suite in ("sim", "all"):
-        defs += sim_defs(all_clusters=all_clusters)
-    if suite in ("replay", "all"):
-        defs += replay_defs(PACKAGED_REPLAY)
+    if "independent" in groups:
+        defs += thirdparty_defs(seed)
+    if "out-of-form" in groups:
+        defs += _named(sim_defs(seed, effect_size=EFFECT_SIZE, group="out-of-form", suffix="+oof"), OUT_OF_FORM, "+oof")
+    if "real" in groups:
+        seen: set[str] = set()
+        for f in real_files() if suite != "replay" else [PACKAGED_REPLAY]:
+            for d in replay_defs(f):
+                if d.name not in seen:
+                    seen.add(d.name)
+                    defs.append(d)
+    if "self" in groups:
+        sims = sim_defs(seed, all_clusters=all_clusters)
+        defs += sims if suite == "sim" else _named(sims, SELF, "")
+    for size in sweep:
+        tag = f"+oof{size:.2f}"
+        defs += _named(sim_defs(seed, effect_size=size, group=f"sweep {size:.2f}", suffix=tag), OUT_OF_FORM, tag)
+    if quick:
+        kept: list[LandscapeDef] = []
+        for d in defs:
+            g = _group(d)
+            if sum(_group(k) == g for k in kept) < QUICK.get(g, 1):
+                kept.append(d)
+        defs = kept
     for f in files:
         path = Path(f)
         if not path.is_file():
@@ -56,6 +108,10 @@ def select_landscapes(suite: Suite = "all", files: Sequence[str | Path] = (), on
     if only:
         defs = [d for d in defs if any(o in d.name for o in only)]
     return defs
+
+
+def _group(d: LandscapeDef) -> str:
+    return "independent" if isinstance(d, ThirdPartyDef) else d.group
 
 
 def run_landscape(defn: LandscapeDef, tuners: Sequence[str], budget: int, seeds: int,
@@ -79,6 +135,7 @@ def run_landscape(defn: LandscapeDef, tuners: Sequence[str], budget: int, seeds:
         for seed in range(seeds):
             outcomes = tuner.run(landscape, budget, seed)
             m = run_metrics(outcomes, landscape.optimum_mfu, landscape.expert_mfu, budget)
+            m["seed"] = seed
             m["trials_log"] = [o.__dict__ for o in outcomes]
             if getattr(tuner, "last_stop_reason", None):
                 m["stop_reason"] = tuner.last_stop_reason
@@ -90,14 +147,18 @@ def run_landscape(defn: LandscapeDef, tuners: Sequence[str], budget: int, seeds:
 def _warm_imports() -> None:
     """Imports the workers need, done once before forking."""
     import optuna  # noqa: F401
+    import torch
 
     import optico.runner  # noqa: F401
+
+    torch.set_num_threads(1)  # the GP baseline: threads fighting over 2 cores cost 4x
     from optico.pool.store import SqlStore  # noqa: F401
 
 
 def run_benchmark(defs: Sequence[LandscapeDef], tuners: Sequence[str] = DEFAULT_TUNERS, budget: int = 20,
-                  seeds: int = 5, jobs: int = 1, reasoner: ReasonerSpec | None = None, fidelity: bool = False,
-                  on_done: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                  seeds: int = 20, jobs: int = 1, reasoner: ReasonerSpec | None = None, fidelity: bool = True,
+                  on_done: Callable[[dict[str, Any]], None] | None = None,
+                  meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every tuner on every landscape for seeds 0..seeds-1; returns the result document (see
     `optico.bench.report.result_document`)."""
     if budget < 1 or seeds < 1:
@@ -129,47 +190,12 @@ def run_benchmark(defs: Sequence[LandscapeDef], tuners: Sequence[str] = DEFAULT_
     index = {d.name: i for i, d in enumerate(defs)}
     results.sort(key=lambda r: index.get(r["name"], len(index)))
     return aggregate(results, list(tuners), budget, seeds,
-                     meta={"wall_seconds": wall, "cpu_seconds": cpu, "jobs": jobs, "cpus": os.cpu_count()})
+                     meta={"wall_seconds": wall, "cpu_seconds": cpu, "jobs": jobs, "cpus": os.cpu_count(),
+                           **(meta or {})})
 
 
 def aggregate(results: list[dict[str, Any]], tuners: list[str], budget: int, seeds: int,
               meta: dict[str, Any]) -> dict[str, Any]:
-    """The result document from per-landscape results (the JSON layout of docs/benchmarks.md)."""
-    done = [r for r in results if "skipped" not in r]
-    names = list(tuners) + (["expert"] if "expert" not in tuners and any("expert" in r["runs"] for r in done)
-                            else [])
-    landscapes = []
-    per_tuner: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    all_runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
-    for r in done:
-        entry = {"name": r["name"], "kind": r["landscape"]["kind"], "optimum_mfu": r["landscape"]["optimum_mfu"],
-                 "expert_mfu": r["landscape"]["expert_mfu"], "landscape": r["landscape"], "tuners": {},
-                 "seconds": r["seconds"]}
-        for n in names:
-            runs = r["runs"].get(n)
-            if not runs:
-                continue
-            med = median_metrics(runs)
-            med["reached_98"] = reached_share(runs, budget)
-            entry["tuners"][n] = med
-            per_tuner[n].append(med)
-            all_runs[n].extend(runs)
-        landscapes.append(entry)
-    tuner_figures = {}
-    for n in names:
-        fig = median_metrics(per_tuner[n]) if per_tuner[n] else None
-        if fig is not None:
-            fig["reached_98"] = reached_share(all_runs[n], budget)
-            fig["landscapes"] = len(per_tuner[n])
-            fig["runs"] = len(all_runs[n])
-        tuner_figures[n] = fig
-    curves = {n: curve_band(all_runs[n]) for n in names if all_runs[n]}
-    return {
-        "tuners": tuner_figures,
-        "landscapes": landscapes,
-        "skipped": [{"name": r["name"], "reason": r["skipped"]} for r in results if "skipped" in r],
-        "curves": curves,
-        "runs": {r["name"]: {n: [{k: v for k, v in run.items() if k != "curve"} for run in runs]
-                             for n, runs in r["runs"].items()} for r in done},
-        "meta": {"budget": budget, "seeds": seeds, "tuners": names, "landscapes": len(done), **meta},
-    }
+    """The result document from per-landscape results (docs/benchmarks.md, "JSON")."""
+    return summarize(results, tuners, budget, seeds, {**meta, "frozen": separation.check_frozen(),
+                                                      "frozen_digest": separation.frozen_digest()})

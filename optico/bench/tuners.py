@@ -148,23 +148,32 @@ _KIND = {"oom": "oom", "hang": "hang", "comm_timeout": "hang", "not_measured": "
 
 
 class OpticoTuner:
-    """The product's loop on a throwaway pool; `reasoner` picks the agents' reasoners."""
+    """The product's loop on a throwaway pool; `reasoner` picks the agents' reasoners. `policy` and
+    `switches` turn parts off (ablations: `optico.agents.acquisition.Policy`,
+    `optico.perfmodel.online.ModelSwitches`); `warm` first runs an earlier job on the same
+    workload in the same pool (another noise seed), so the measured job starts warm."""
 
-    name = "optico"
-
-    def __init__(self, reasoner: ReasonerSpec | None = None):
+    def __init__(self, reasoner: ReasonerSpec | None = None, name: str = "optico",
+                 policy: dict[str, bool] | None = None, switches: dict[str, bool] | None = None, warm: bool = False):
         self.reasoner = reasoner or ReasonerSpec()
+        self.name, self.policy, self.switches, self.warm = name, policy or {}, switches or {}, warm
         self.last_stop_reason: str | None = None  # why the loop stopped, for the run's record
 
     def run(self, landscape: Landscape, budget: int, seed: int) -> list[TrialOutcome]:
+        from optico.agents import acquisition
+        from optico.perfmodel import online
         from optico.pool.store import SqlStore
         from optico.runner import run_job
 
         spec = landscape.job_spec(budget, seed, self.reasoner)
-        with tempfile.TemporaryDirectory(prefix="optico-bench-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="optico-bench-") as tmp, \
+                acquisition.switched(**self.policy), online.switched(**self.switches):
             url = f"sqlite:///{Path(tmp) / 'pool.db'}"
             store = SqlStore(url)
             try:
+                if self.warm:
+                    earlier = landscape.job_spec(budget, seed + 10_000, self.reasoner)
+                    run_job(store, url, store.create_job(earlier), launcher=landscape.launcher(seed + 10_000))
                 job_id = store.create_job(spec)
                 run_job(store, url, job_id, launcher=landscape.launcher(seed))
                 trials = store.trials(job_id)
@@ -184,10 +193,33 @@ class OpticoTuner:
 
 TUNERS: dict[str, type] = {"optico": OpticoTuner, "random": RandomTuner, "grid": GridTuner, "optuna": OptunaTuner,
                            "expert": ExpertTuner}
+# OptiCo with one part off (or, for warm start, on): `optico bench --ablations`.
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "optico-no-uncertainty": {"policy": {"uncertainty": False}},
+    "optico-no-health": {"policy": {"health_rules": False}},
+    "optico-no-online": {"switches": {"online_correction": False}},
+    "optico-no-guard": {"switches": {"oom_guard": False}},
+    "optico-no-stop": {"policy": {"convergence_stop": False}},
+    "optico-warm": {"warm": True},
+}
+
+
+def known_tuners() -> list[str]:
+    from optico.bench.baselines import BASELINES
+
+    return [*TUNERS, *BASELINES, *ABLATIONS]
 
 
 def make_tuner(name: str, reasoner: ReasonerSpec | None = None) -> Tuner:
     """A tuner by name; ValueError names the known ones."""
+    from optico.bench.baselines import BASELINES
+
+    if name == "optico":
+        return OpticoTuner(reasoner)
+    if name in ABLATIONS:
+        return OpticoTuner(reasoner, name=name, **ABLATIONS[name])
+    if name in BASELINES:
+        return BASELINES[name]()
     if name not in TUNERS:
-        raise ValueError(f"unknown tuner {name!r}; known: {', '.join(TUNERS)}")
-    return OpticoTuner(reasoner) if name == "optico" else TUNERS[name]()
+        raise ValueError(f"unknown tuner {name!r}; known: {', '.join(known_tuners())}")
+    return TUNERS[name]()

@@ -1,0 +1,101 @@
+"""Which untried configuration to run next: expected improvement under the residual model.
+
+The job model (`optico.perfmodel.online.JobModel`) gives, for every configuration, a log-normal
+belief about its MFU: the analytic model's prediction moved by what the trials taught the residual
+model, with the residual model's standard deviation. A configuration is worth a launch by how much
+it is expected to beat the incumbent (the best measured configuration, smoothed by the same
+posterior), times the chance it fits in memory:
+
+    gain(x) = P(fit x) · E[max(0, MFU(x) - best)]
+
+(for log MFU ~ N(mu, sd^2): exp(mu + sd^2/2)·Phi(d + sd) - best·Phi(d), d = (mu - log best)/sd).
+Near the incumbent and far from every measurement the standard deviation is large, so a layout the
+model puts a few percent below the best still gets tried when the trials cannot rule it out; once
+the measurements around it agree with the model, its gain falls to nothing. The same gain decides
+when to stop (`optico.agents.stopping`).
+
+`POLICY` turns parts off for the benchmark's ablations: the uncertainty (rank by expected MFU, the
+argmax of the corrected model), the health rules (the paper's "answer the diagnosed state first").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+from optico.perfmodel.online import JobModel
+from optico.strategy import Strategy
+
+# Scores closer than this (MFU, absolute) are a tie: the smaller move wins.
+TIE = 5e-4
+# A move that answers the diagnosed health state goes first when its score is at least this share
+# of the best score (a rule must not hide a clearly better move).
+HEALTH_SHARE = 0.75
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Parts of the tuner the benchmark's ablations can turn off."""
+
+    uncertainty: bool = True  # rank by expected gain under the residual model (off: expected MFU)
+    health_rules: bool = True  # moves answering the diagnosed health state first
+    convergence_stop: bool = True  # stop once no untried configuration is expected to pay
+
+
+POLICY = Policy()
+
+
+@contextmanager
+def switched(**changes: bool) -> Iterator[Policy]:
+    """Runs a block with some of `POLICY` changed (the benchmark's ablations)."""
+    global POLICY
+    old = POLICY
+    POLICY = replace(old, **changes)
+    try:
+        yield POLICY
+    finally:
+        POLICY = old
+
+
+def _phi(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+def expected_improvement(mu: float, sd: float, best: float) -> float:
+    """E[max(0, exp(Y) - best)] for Y ~ N(mu, sd^2); best <= 0 gives the mean of exp(Y)."""
+    if best <= 0:
+        return math.exp(mu + sd * sd / 2)
+    if sd < 1e-9:
+        return max(0.0, math.exp(mu) - best)
+    d = (mu - math.log(best)) / sd
+    return max(0.0, math.exp(mu + sd * sd / 2) * _phi(d + sd) - best * _phi(d))
+
+
+def expected_gain(model: JobModel, s: Strategy, best: float | None = None) -> float:
+    """P(fit) times the expected MFU improvement of `s` over `best` (default: the incumbent)."""
+    best = model.incumbent_mfu() if best is None else best
+    mean, sd = model.log_error(s)
+    mu = math.log(model.base(s).mfu) + mean
+    return model.fit_probability(s) * expected_improvement(mu, sd, best)
+
+
+def score(model: JobModel, s: Strategy, best: float) -> float:
+    """What a launch of `s` is worth now: expected gain, or expected MFU without the uncertainty."""
+    return expected_gain(model, s, best) if POLICY.uncertainty else model.expected_mfu(s)
+
+
+def rank(model: JobModel, entries: Sequence[tuple[Strategy, int, bool]],
+         answer_health: bool) -> list[tuple[float, int, bool, Strategy]]:
+    """`entries`: admissible (candidate, number of changed knobs, answers the diagnosis). Returns
+    (score, changes, standard, candidate), best first: near-ties go to standard moves, then to
+    fewer changes; with `answer_health` (a diagnosed state) standard moves scoring at least
+    HEALTH_SHARE of the best come first, as the paper's procedure answers the state first."""
+    best = model.incumbent_mfu()
+    scored = [(score(model, cand, best), n, standard, cand) for cand, n, standard in entries]
+    scored.sort(key=lambda x: (-round(x[0] / TIE), not x[2], x[1]))
+    if answer_health and POLICY.health_rules and scored:
+        top = scored[0][0]
+        scored.sort(key=lambda x: not (x[2] and x[0] >= top * HEALTH_SHARE))
+    return scored

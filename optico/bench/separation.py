@@ -1,0 +1,159 @@
+"""Calibration data and test landscapes never overlap; tuner constants are frozen before test seeds.
+
+Two rules, enforced here in code (docs/benchmarks.md, "Calibration and test separation"):
+
+1. **No test landscape replays a row its tuner was calibrated on.** A measured configuration is
+   identified by (workload key, strategy signature), whichever file it sits in. Every calibration
+   file the benchmark uses records the rows it was fitted on (`_meta.fitted_rows`); the shipped
+   calibration, fitted on every shared file and our H100 sweep (its `_meta.fitted_with`), gets its
+   rows from `SHIPPED_FITTED_ON`. `check_disjoint` refuses a replay landscape whose rows meet its
+   calibration's, and a replay landscape without a held-out calibration is refused. The held-out
+   calibrations (`optico/bench/calibrations/without-<file>.json`) are fitted from the uncalibrated
+   defaults — not from the shipped constants, which have seen every file — on all data files but the
+   landscape's own: `python -m optico.bench.separation --data ../shared/data/*.csv
+   benchmarks/data/h100-llama-1b.csv` rebuilds them.
+
+2. **Test seeds are fresh, and drawn after the tuner's constants were frozen.** Development
+   (tuning the residual prior, the acquisition's tie and health share, the stopping threshold) uses
+   landscape seeds `DEV_LANDSCAPE_SEEDS` only — 0 is the published seed earlier constants were
+   adjusted on. Test landscape seeds come from `TEST_SALT`, which was chosen after the constants were
+   frozen; `frozen_digest()` hashes those constants and `FROZEN_DIGEST` is the value they had when
+   the salt was drawn. Changing a constant without drawing a new salt makes `check_frozen` fail (the
+   benchmark marks its report "not held out", and a unit test fails), so a constant cannot be tuned
+   on the reported landscapes without it showing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from optico.perfmodel.constants import DEFAULT_CALIBRATION
+
+CALIBRATIONS = Path(__file__).with_name("calibrations")
+REPO_DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+# What the shipped calibration was fitted on (its _meta.fitted_with): every shared file and our sweep.
+SHIPPED_FITTED_ON: tuple[str, ...] = ("shared/data/*.csv", "benchmarks/data/h100-llama-1b.csv")
+
+DEV_LANDSCAPE_SEEDS: tuple[int, ...] = (0, 1, 2)
+# Drawn once the constants below were frozen; a new salt means new test landscapes.
+TEST_SALT = "i13-test-2026-11-30-a"
+FROZEN_DIGEST = "b6f156824b794f3d"  # the constants' digest when TEST_SALT was drawn (frozen_digest())
+
+
+class LandscapeOverlap(ValueError):
+    """A test landscape whose rows its tuner's calibration has seen."""
+
+
+def row_key(workload_key: str, signature: str) -> str:
+    return f"{workload_key}/{signature}"
+
+
+def file_rows(path: str | Path) -> set[str]:
+    """Keys of the measured configurations of a replay CSV (rows the model can read)."""
+    from optico.replay_csv import read_replay_csv
+
+    return {row_key(r.workload.key(), r.strategy.signature()) for r in read_replay_csv(path)
+            if r.workload is not None and r.strategy is not None}
+
+
+@lru_cache(maxsize=32)
+def fitted_rows(calibration: str | None) -> frozenset[str] | None:
+    """The rows a calibration file was fitted on; None when unknown (then nothing may be replayed)."""
+    path = Path(calibration) if calibration else DEFAULT_CALIBRATION
+    meta = json.loads(path.read_text()).get("_meta", {})
+    if "fitted_rows" in meta:
+        return frozenset(meta["fitted_rows"])
+    if path.resolve() == DEFAULT_CALIBRATION.resolve():
+        files = sorted(SHARED_DATA.glob("*.csv")) + [REPO_DATA / "h100-llama-1b.csv"]
+        if all(f.is_file() for f in files) and files[:-1]:
+            return frozenset().union(*(file_rows(f) for f in files))
+    return None
+
+
+def check_disjoint(name: str, rows: set[str], calibration: str | None) -> None:
+    """Raises LandscapeOverlap when `rows` meet what `calibration` was fitted on (or that is unknown)."""
+    seen = fitted_rows(calibration)
+    label = calibration or "the shipped calibration"
+    if seen is None:
+        raise LandscapeOverlap(f"{name}: the rows {label} was fitted on are unknown; a replay landscape needs "
+                               f"a calibration that records them")
+    common = rows & seen
+    if common:
+        raise LandscapeOverlap(f"{name}: {len(common)} of its {len(rows)} measured configurations are in the "
+                               f"calibration data of {label}")
+
+
+def heldout_calibration(path: str | Path) -> str | None:
+    """The calibration fitted without `path`'s file, if one was built."""
+    candidate = CALIBRATIONS / f"without-{Path(path).stem}.json"
+    return str(candidate) if candidate.is_file() else None
+
+
+def build_heldout(files: list[Path], out_dir: Path = CALIBRATIONS, holdout: list[str] | None = None) -> list[Path]:
+    """For each file stem in `holdout` (default: every file), fits the constants from the
+    uncalibrated defaults on all other files and writes without-<stem>.json with the rows it saw."""
+    from optico.perfmodel.calibrate import calibrate
+    from optico.perfmodel.constants import Constants
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for held in files:
+        if holdout and held.stem not in holdout:
+            continue
+        held_rows = file_rows(held)
+        train = [f for f in files if f != held and not (file_rows(f) & held_rows)]
+        result = calibrate(train, start=Constants())
+        rows = sorted(set().union(*(file_rows(f) for f in train)))
+        data = {"_meta": {"fitted_on": [f.name for f in train], "held_out": held.name,
+                          "started_from": "uncalibrated defaults (Constants())", "fitted_rows": rows},
+                **result.constants.model_dump()}
+        target = out_dir / f"without-{held.stem}.json"
+        target.write_text(json.dumps(data, indent=1) + "\n")
+        written.append(target)
+    return written
+
+
+# -- seeds and the freeze ------------------------------------------------------------------------
+
+def test_landscape_seed(index: int = 0) -> int:
+    """The index-th test landscape seed: from TEST_SALT, never a development seed."""
+    digest = hashlib.sha256(f"{TEST_SALT}|{index}".encode()).digest()
+    seed = 1_000_000 + int.from_bytes(digest[:4], "little") % 1_000_000_000
+    if seed in DEV_LANDSCAPE_SEEDS:
+        raise AssertionError("a test seed fell among the development seeds")
+    return seed
+
+
+def frozen_digest() -> str:
+    """A hash of every constant of the tuner that was tuned on development landscapes."""
+    from optico.agents import acquisition
+    from optico.perfmodel.residual import ResidualPrior
+    from optico.spec import Budget
+
+    b = Budget()
+    frozen = {"prior": ResidualPrior().__dict__, "tie": acquisition.TIE, "health_share": acquisition.HEALTH_SHARE,
+              "converge_tol": b.converge_tol, "min_trials": b.min_trials}
+    return hashlib.sha256(json.dumps(frozen, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_frozen() -> bool:
+    """Whether the tuner's constants are those frozen when the test seeds were drawn."""
+    return frozen_digest() == FROZEN_DIGEST
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Rebuild the held-out calibrations of the real landscapes.")
+    parser.add_argument("--data", nargs="+", required=True, help="every calibration file (replay CSVs)")
+    parser.add_argument("--holdout", nargs="*", help="file stems to hold out (default: each file in turn)")
+    args = parser.parse_args()
+    for path in build_heldout([Path(p) for p in args.data], holdout=args.holdout):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

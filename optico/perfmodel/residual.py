@@ -1,0 +1,100 @@
+"""What the performance model cannot express, learned from a job's own trials.
+
+The analytic model is right about the physics it writes down and wrong, by a few to ~15 %, about
+everything else: a kernel that is slow for one shape, two flags that interact, a cluster that is
+uniformly faster. `ResidualGP` is a Gaussian process on the model's log error
+
+    r(x) = log(measured MFU(x) / predicted MFU(x))
+
+over configurations x (one code per tuned knob). Its kernel is additive in what two configurations
+share, so one covariance expresses four kinds of error at once:
+
+    k(x, x') = v_offset                         every configuration: the model is off by a constant
+             + v_main · m / F                   the same value of a knob: a main effect
+             + v_pair · C(m, 2) / C(F, 2)       the same values of a pair of knobs: an interaction
+             + v_config · [m = F]               the configuration itself: its own residual
+
+with m the number of the F tuned knobs on which x and x' agree (a Hamming-type kernel: knob values
+are labels, TP 2 is not "between" TP 1 and 4 for a residual). Observations carry run-to-run noise.
+The posterior mean corrects the model where trials say it is wrong; the posterior standard deviation
+says how wrong it may still be at an untried configuration, which is what the acquisition
+(`optico.agents.acquisition`) and the stopping rule (`optico.agents.stopping`) spend trials on.
+
+Prior variances are set from the model's error on real data (`optico perfmodel evaluate`: MFU off
+by ~9 % median, ~15 % at the tail) and were fixed on development landscapes before the benchmark's
+test seeds were drawn (docs/benchmarks.md, "Calibration and test separation").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import comb
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ResidualPrior:
+    """Prior standard deviations of the model's log-MFU error, by kind (see the module docstring)."""
+
+    offset: float = 0.12  # the whole workload: model constants off for this cluster
+    main: float = 0.06  # one knob's value
+    pair: float = 0.05  # two knobs' values together
+    config: float = 0.03  # one configuration alone
+    noise: float = 0.015  # run-to-run noise of one measurement
+
+    @property
+    def total(self) -> float:
+        """Prior standard deviation at an untried configuration."""
+        return float(np.sqrt(self.offset**2 + self.main**2 + self.pair**2 + self.config**2))
+
+
+class ResidualGP:
+    """Posterior of the model's log error over a set of configurations (integer codes per knob).
+
+    `fit(X, y)` takes the measured configurations' codes (n x F) and log errors; `predict(Z)` the
+    posterior mean and standard deviation at any configurations (N x F), noise excluded. Knobs that
+    never vary (every row equal) carry no information and are dropped by the caller via `columns`.
+    """
+
+    def __init__(self, n_fields: int, prior: ResidualPrior | None = None):
+        self.prior = prior or ResidualPrior()
+        self.F = max(1, n_fields)
+        self._X = np.empty((0, self.F), dtype=np.int64)
+        self._alpha = np.empty(0)
+        self._chol: np.ndarray | None = None
+
+    def kernel(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+        """k(A_i, B_j) for every pair (len(A) x len(B))."""
+        p, F = self.prior, self.F
+        m = (A[:, None, :] == B[None, :, :]).sum(axis=2).astype(float)
+        pairs = m * (m - 1) / 2 / max(1, comb(F, 2))
+        return (p.offset**2 + p.main**2 * m / F + p.pair**2 * pairs + p.config**2 * (m == F))
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> "ResidualGP":
+        X = np.asarray(X, dtype=np.int64).reshape(-1, self.F)
+        y = np.asarray(y, dtype=float)
+        self._X = X
+        if not len(y):
+            self._chol, self._alpha = None, np.empty(0)
+            return self
+        K = self.kernel(X, X) + (self.prior.noise**2 + 1e-9) * np.eye(len(y))
+        self._chol = np.linalg.cholesky(K)
+        self._alpha = np.linalg.solve(self._chol.T, np.linalg.solve(self._chol, y))
+        return self
+
+    @property
+    def n(self) -> int:
+        return len(self._alpha)
+
+    def predict(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(posterior mean, posterior standard deviation) of the log error at each row of Z."""
+        Z = np.asarray(Z, dtype=np.int64).reshape(-1, self.F)
+        prior_sd = self.prior.total
+        if self._chol is None:
+            return np.zeros(len(Z)), np.full(len(Z), prior_sd)
+        Ks = self.kernel(Z, self._X)
+        mean = Ks @ self._alpha
+        v = np.linalg.solve(self._chol, Ks.T)
+        var = np.maximum(prior_sd**2 - (v * v).sum(axis=0), 1e-10)
+        return mean, np.sqrt(var)
