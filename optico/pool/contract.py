@@ -272,6 +272,11 @@ class Store(ABC):
         KeyError for an unknown schedule."""
 
     @abstractmethod
+    def renew_tick_lock(self, tick_id: int, worker: str, lock_s: float) -> None:
+        """Extends `worker`'s lock on the tick's schedule to now + `lock_s` (a long re-measurement keeps
+        it); TickLost if the tick is no longer `worker`'s running tick."""
+
+    @abstractmethod
     def record_tick(self, tick_id: int, worker: str, status: str, verdict: TickVerdict | None = None, *,
                     incumbent: Incumbent | None = None, event: ScheduleEvent | None = None) -> TickRecord:
         """Ends `worker`'s part of a running tick: its status ('done', 'retuning', 'failed', 'skipped'),

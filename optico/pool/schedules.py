@@ -200,6 +200,23 @@ class ScheduleSql:
             tick.report = {**(tick.report or {}), "error": f"its replica ({tick.worker}) stopped before the tick "
                                                            f"ended; the lock expired"}
 
+    def _held_tick(self, s: Session, tick_id: int, worker: str) -> tuple[TickRow, ScheduleRow]:
+        """The running tick of `worker` and its schedule row (locked); TickLost otherwise."""
+        tick = s.get(TickRow, tick_id)
+        if tick is None:
+            raise KeyError(f"no tick with id {tick_id}")
+        row = s.scalars(select(ScheduleRow).where(ScheduleRow.id == tick.schedule_id).with_for_update()).one()
+        s.refresh(tick)  # re-read under the schedule's lock: a takeover may have failed it meanwhile
+        if tick.status != "running" or tick.worker != worker:
+            raise TickLost(tick_id, worker)
+        return tick, row
+
+    def renew_tick_lock(self, tick_id: int, worker: str, lock_s: float) -> None:
+        with self._session() as s:
+            _, row = self._held_tick(s, tick_id, worker)
+            row.locked_by = worker
+            row.locked_until = self._stamp(self._now(s) + timedelta(seconds=lock_s))
+
     def record_tick(self, tick_id: int, worker: str, status: str, verdict: TickVerdict | None = None, *,
                     incumbent: Incumbent | None = None, event: ScheduleEvent | None = None) -> TickRecord:
         from optico.pool.store import _jsonable
@@ -207,13 +224,7 @@ class ScheduleSql:
         if status not in TICK_STATUSES or status == "running":
             raise ValueError(f"record_tick: status must be one of done, retuning, failed, skipped; got {status!r}")
         with self._session() as s:
-            tick = s.get(TickRow, tick_id)
-            if tick is None:
-                raise KeyError(f"no tick with id {tick_id}")
-            row = s.scalars(select(ScheduleRow).where(ScheduleRow.id == tick.schedule_id).with_for_update()).one()
-            s.refresh(tick)  # re-read under the schedule's lock: a takeover may have failed it meanwhile
-            if tick.status != "running" or tick.worker != worker:
-                raise TickLost(tick_id, worker)
+            tick, row = self._held_tick(s, tick_id, worker)
             if verdict is not None:
                 values = verdict.model_dump()
                 values["report"] = _jsonable({**(tick.report or {}), **values["report"]}, "report")
