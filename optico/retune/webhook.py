@@ -28,8 +28,10 @@ def check_webhook_url(url: str) -> str:
     """The URL, if it is an absolute http(s) URL with a host; ValueError naming the reason."""
     url = url.strip()
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"webhook_url: must be an http:// or https:// URL with a host, got {where(url)!r}")
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"webhook_url: must be an http:// or https:// URL, got scheme {parts.scheme or 'none'!r}")
+    if not parts.hostname:
+        raise ValueError("webhook_url: the URL has no host")
     if len(url) > 2000:
         raise ValueError("webhook_url: longer than 2000 characters")
     return url

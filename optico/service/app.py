@@ -18,7 +18,8 @@ from optico import __version__
 from optico.pool.contract import StoreError
 from optico.pool.store import SqlStore
 from optico.redact import redact
-from optico.service.routes import events, jobs, ops
+from optico.service.routes import events, jobs, ops, schedules
+from optico.service.scheduler import Scheduler
 from optico.service.settings import ServiceSettings
 from optico.service.worker import WorkerPool
 
@@ -43,9 +44,15 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
         pool = WorkerPool(store, store.url, count, policy=settings.lease, poll_s=settings.worker_poll_s)
         pool.start()
         app.state.workers = pool
+        scheduler = Scheduler(store, poll_s=settings.scheduler_poll_s, lock_s=settings.lease_s) \
+            if settings.scheduler else None
+        if scheduler is not None:
+            scheduler.start()
         try:
             yield
         finally:
+            if scheduler is not None:
+                scheduler.stop()
             pool.stop()
             store.close()
 
@@ -55,6 +62,7 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(ops.router)
+    app.include_router(schedules.router)
 
     @app.exception_handler(StoreError)
     async def database_down(_: Request, exc: StoreError) -> JSONResponse:
