@@ -59,7 +59,8 @@ def _traceback(rank: int, error: str) -> str:
 # changes kernels everywhere; either way), collectives and exposed communication by ~15-30 %,
 # activation memory by ~6 % and fixed memory overheads by -1 to +2 GiB (so which configurations
 # fit, and which is best, can change), and each configuration by its own ~4 % (a release's kernels
-# help some layouts more than others). Far beyond the run-to-run noise (1 %).
+# help some layouts more than others). Each version is shifted against the base like that; two
+# versions may still land close to each other, as a minor upgrade does.
 SPEED_SHIFT = (0.08, 0.20)
 CONFIG_SIGMA = 0.04
 COMM_SIGMA, EXPOSED_SIGMA, ACTIVATION_SIGMA = 0.15, 0.30, 0.06
