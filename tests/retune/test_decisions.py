@@ -7,7 +7,7 @@ import asyncio
 from datetime import datetime, timezone
 
 import pytest
-from conftest import sim_spec
+from retune_testkit import sim_spec
 
 from optico.fingerprint import changes, framework_of, split_by_framework
 from optico.guard import Guard

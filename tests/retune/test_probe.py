@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import metadata
 
 import pytest
-from conftest import sim_spec
+from retune_testkit import sim_spec
 
 from optico.retune.probe import ProbeError, probe_framework
 from optico.spec import parse_spec

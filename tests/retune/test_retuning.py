@@ -7,7 +7,7 @@ import asyncio
 import statistics
 import threading
 
-from conftest import add_schedule
+from retune_testkit import add_schedule
 
 from optico.launchers.sim import SimLauncher
 from optico.pool.lifecycle import JobStatus

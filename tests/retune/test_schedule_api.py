@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import UPGRADE_ENV, sim_spec
+from retune_testkit import UPGRADE_ENV, add_schedule, sim_spec
 from service_testkit import Service, client, wait_for
 
 from optico.pool.store import SqlStore
@@ -101,8 +101,6 @@ def test_schedules_follow_the_api_conventions(make_service, tokens: dict[str, st
 def test_two_replicas_tick_an_upgraded_cluster_once(make_service, tokens: dict[str, str], db_url: str,
                                                     upgrade) -> None:
     with SqlStore(db_url) as store:  # the incumbent, tuned before the upgrade
-        from conftest import add_schedule
-
         add_schedule(store, "nightly", max_trials=4)
         first = run_now(store, "nightly", database_url=db_url)
         jobs_before = len(store.list_jobs(100))

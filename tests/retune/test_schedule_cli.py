@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import UPGRADE_ENV, sim_spec
+from retune_testkit import UPGRADE_ENV, sim_spec
 from typer.testing import CliRunner
 
 from optico.cli import app

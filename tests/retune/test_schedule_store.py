@@ -6,7 +6,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from conftest import add_schedule
+from retune_testkit import add_schedule
 from sqlalchemy import text
 
 from optico.events import ScheduleTicked, TickFailed
