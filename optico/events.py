@@ -126,3 +126,56 @@ STORED_KINDS: frozenset[str] = frozenset(
 def parse_event(data: dict) -> JobEvent:
     """A stored or received event as its typed model; ValidationError for anything else."""
     return EVENT_ADAPTER.validate_python(data)
+
+
+# -- schedule events ---------------------------------------------------------------------------
+# A schedule's own log (`Store.add_schedule_event`, the optico_schedule_events table), apart from the
+# jobs' logs: a tick belongs to no job, and a job's stream must not carry another object's history.
+# A retune job's own trials and state are in that job's log as usual.
+
+
+class ScheduleTicked(_Event):
+    """A tick's verdict: what the probe found and, when the framework changed, how the incumbent moved."""
+
+    kind: Literal["tick"] = "tick"
+    tick_id: int
+    trigger: Literal["cron", "manual"]
+    outcome: Literal["first-tune", "no-change", "within-noise", "regression", "improvement"]
+    fingerprint_changed: bool
+    framework_changes: dict[str, list[str | None]] = Field(default_factory=dict)
+    mfu_before: float | None = None
+    mfu_after: float | None = None
+    regression_pct: float | None = None
+    noise_pct: float | None = None
+    retune_job_id: int | None = None
+
+
+class RetuneFinished(_Event):
+    """A tick's retune job ended: the new best, the incumbent's change, what changed as Megatron-LM flags."""
+
+    kind: Literal["retune_done"] = "retune_done"
+    tick_id: int
+    job_id: int
+    job_status: str
+    new_best_mfu: float | None = None
+    new_best: str | None = None
+    incumbent_change_pct: float | None = None
+    flag_changes: list[str] = Field(default_factory=list)
+
+
+class TickFailed(_Event):
+    """A tick could not finish (the probe or a re-measurement broke) or was skipped."""
+
+    kind: Literal["tick_failed"] = "tick_failed"
+    tick_id: int
+    status: Literal["failed", "skipped"]
+    reason: str
+
+
+ScheduleEvent = Annotated[Union[ScheduleTicked, RetuneFinished, TickFailed], Field(discriminator="kind")]
+SCHEDULE_EVENT_ADAPTER: TypeAdapter[ScheduleEvent] = TypeAdapter(ScheduleEvent)
+
+
+def parse_schedule_event(data: dict) -> ScheduleEvent:
+    """A stored schedule event as its typed model; ValidationError for anything else."""
+    return SCHEDULE_EVENT_ADAPTER.validate_python(data)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from optico.fingerprint import describe, framework_of, split_by_framework
 from optico.perfmodel.online import JobModel
 from optico.rules import violations
 from optico.search_space import SearchSpace
@@ -109,6 +110,9 @@ class Guard:
             for t in history:
                 if t.signature == sig:
                     return Verdict(False, "duplicate", f"same configuration as trial {t.index}")
+        # Earlier jobs' failures under another framework (before an upgrade) are hints, not refusals:
+        # a configuration that ran out of memory then may fit now.
+        prior, stale = split_by_framework(history, prior)
         trials = [*history, *prior]
         for t in trials:
             if t.status != TrialStatus.FAILED or t.failure is None:
@@ -131,6 +135,10 @@ class Guard:
             return Verdict(False, "predicted-oom",
                            f"predicted {self.model.mem_gib(s):.1f} GiB > {self.model.limit_gib:.1f} GiB "
                            f"limit (+{self.model.constants.oom_margin:.0%} margin)")
+        hint = next((t for t in stale if t.signature == sig and t.status == TrialStatus.FAILED and t.failure), None)
+        if hint is not None:
+            return Verdict(True, "hint", f"failed under {describe(framework_of(hint.fingerprint))} "
+                                         f"({hint.failure.summary}); the framework changed since, so it is tried")
         return ADMIT
 
     def _saving(self, s: Strategy, oom: Strategy) -> float | None:

@@ -75,6 +75,10 @@ class LauncherSpec(BaseModel):
     trial_seconds: float = Field(0.0, ge=0, le=3600, validation_alias=AliasChoices("trial_seconds", "delay_s"),
                                  description="Simulator: wall-clock seconds each simulated trial takes (to watch "
                                              "progress live, or interrupt a run); `delay_s` is its old name.")
+    framework_version: str | None = Field(None, min_length=1, max_length=64, description="Simulator: the framework "
+                                          "release the simulated cluster runs; another version is another "
+                                          "landscape (deterministically) and another fingerprint. "
+                                          "OPTICO_SIM_FRAMEWORK_VERSION overrides it at every launch.")
     data: str | None = Field(None, description="Replay: the CSV of measured runs.")
     timeout_s: float = Field(3600, gt=0, description="Wall-clock limit of one run.")
     hang_s: float = Field(600, gt=0, description="A run printing nothing for this long is hung.")

@@ -17,6 +17,7 @@ from optico.cli import job_control  # noqa: F401 - registers submit/stop/cancel/
 from optico.cli.db import db_app
 from optico.cli.jobs import jobs_app
 from optico.cli.perfmodel import perf_app
+from optico.cli.schedule import schedule_app
 from optico.cli.serve import serve, worker
 from optico.cli.tokens import token_app
 from optico.cli.tune import tune
@@ -30,6 +31,7 @@ app.add_typer(perf_app, name="perfmodel")
 app.add_typer(db_app, name="db")
 app.add_typer(llm_app, name="llm")
 app.add_typer(token_app, name="token")
+app.add_typer(schedule_app, name="schedule")
 app.command("serve")(serve)
 app.command("worker")(worker)
 app.command("bench", short_help="Benchmark OptiCo against other tuners.")(bench)

@@ -6,12 +6,21 @@ the way real runs fail: Megatron's assertion text for a configuration Megatron
 refuses, a CUDA out-of-memory error when the (noisy) memory exceeds the GPU, a
 hang, an NCCL watchdog timeout, a dead node. The same seed and trial give the
 same answer, so a resumed job sees what the interrupted one would have seen.
+
+`framework_version` stands for a release of the whole stack (megatron-core, torch, CUDA, NCCL,
+Transformer Engine, the image). Another version is another cluster: its constants are moved by a
+perturbation seeded by the version (compute faster or slower, collectives and memory overheads
+shifted), so the best configuration can move, deterministically; the trials' fingerprint names the
+version. OPTICO_SIM_FRAMEWORK_VERSION overrides the spec's value at every launch, so a test can
+"upgrade the cluster" under a running schedule.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+from functools import lru_cache
 
 import numpy as np
 
@@ -23,6 +32,7 @@ from optico.strategy import Strategy
 from optico.trial import FailureCategory, LaunchResult, Metrics
 from optico.workload import Workload
 
+ENV_FRAMEWORK_VERSION = "OPTICO_SIM_FRAMEWORK_VERSION"
 STARTUP_S = 90.0  # model build, NCCL init, data loader: paid by every real launch
 WARMUP_STEPS, TIMED_STEPS = 3, 10
 
@@ -45,33 +55,93 @@ def _traceback(rank: int, error: str) -> str:
     ])
 
 
+# How far a framework version moves the cluster: the whole step faster or slower by 8-20 % (a release
+# changes kernels everywhere; either way), collectives and exposed communication by ~15-30 %,
+# activation memory by ~6 % and fixed memory overheads by -1 to +2 GiB (so which configurations
+# fit, and which is best, can change), and each configuration by its own ~4 % (a release's kernels
+# help some layouts more than others). Each version is shifted against the base like that; two
+# versions may still land close to each other, as a minor upgrade does.
+SPEED_SHIFT = (0.08, 0.20)
+CONFIG_SIGMA = 0.04
+COMM_SIGMA, EXPOSED_SIGMA, ACTIVATION_SIGMA = 0.15, 0.30, 0.06
+MEM_OVERHEAD_SHIFT_GIB = (-1.0, 2.0)
+
+
+@lru_cache(maxsize=64)
+def framework_effects(base: Constants, version: str | None) -> tuple[Constants, float]:
+    """(the constants, a step-time factor) of the cluster under framework `version`; the base
+    cluster (`base`, 1.0) when None. Seeded by the version: the same version, the same cluster."""
+    if version is None:
+        return base, 1.0
+    rng = _rng("framework", version)
+    speed = 1 + float(rng.choice([-1.0, 1.0])) * float(rng.uniform(*SPEED_SHIFT))
+    factors = {
+        "nvlink_efficiency": np.exp(COMM_SIGMA * rng.standard_normal()),
+        "network_efficiency": np.exp(COMM_SIGMA * rng.standard_normal()),
+        "tp_exposed": np.exp(EXPOSED_SIGMA * rng.standard_normal()),
+        "dp_overlap_exposed": np.exp(EXPOSED_SIGMA * rng.standard_normal()),
+        "p2p_exposed": np.exp(EXPOSED_SIGMA * rng.standard_normal()),
+        "activation_scale": np.exp(ACTIVATION_SIGMA * rng.standard_normal()),
+    }
+    values = base.model_dump()
+    for name, factor in factors.items():
+        values[name] *= float(factor)
+    values["mem_overhead_gib"] += float(rng.uniform(*MEM_OVERHEAD_SHIFT_GIB))
+    bounds = Constants.free_fields()  # every constant moved here has its physical range there
+    for name in [*factors, "mem_overhead_gib"]:
+        lo, hi = bounds[name]
+        values[name] = min(max(values[name], lo), hi)
+    return Constants.model_validate(values), 1 / speed
+
+
 class SimLauncher(Launcher):
     """Answers from the performance model; see the module docstring."""
 
     kind = "sim"
 
     def __init__(self, seed: int = 0, noise: float = 0.01, hang_rate: float = 0.02, infra_rate: float = 0.0,
-                 constants: Constants | None = None, mem_noise: float = 0.015, trial_seconds: float = 0.0):
+                 constants: Constants | None = None, mem_noise: float = 0.015, trial_seconds: float = 0.0,
+                 framework_version: str | None = None):
         self.seed, self.noise, self.hang_rate, self.infra_rate = seed, noise, hang_rate, infra_rate
         self.mem_noise, self.trial_seconds = mem_noise, trial_seconds
-        self.constants = constants or load_constants()
+        self.base_constants = constants or load_constants()
+        self.framework_version = framework_version
+
+    @property
+    def version(self) -> str | None:
+        """The framework version the cluster runs now: the environment's override, else the spec's."""
+        return os.environ.get(ENV_FRAMEWORK_VERSION, "").strip() or self.framework_version
+
+    @property
+    def constants(self) -> Constants:
+        """The performance model's constants of the cluster as it runs now (see `framework_effects`)."""
+        return framework_effects(self.base_constants, self.version)[0]
+
+    def framework_fingerprint(self, workload: Workload) -> dict:
+        """The framework part of every run's fingerprint (what a retuning probe reads)."""
+        fp = {"megatron_core": workload.framework.megatron_core, "image": workload.framework.image}
+        if self.version is not None:
+            fp["framework_version"] = self.version
+        return {k: v for k, v in fp.items() if v is not None}
 
     def describe(self) -> dict:
         return {"kind": self.kind, "seed": self.seed, "noise": self.noise, "hang_rate": self.hang_rate,
-                "infra_rate": self.infra_rate}
+                "infra_rate": self.infra_rate, "framework_version": self.version}
 
     async def launch(self, workload: Workload, strategy: Strategy, *, trial_key: str,
                      progress: ProgressCallback | None = None) -> LaunchResult:
         world = workload.world_size
         if self.trial_seconds:
             await asyncio.sleep(self.trial_seconds)
-        fingerprint = {"launcher": "sim", "seed": self.seed, "megatron_core": workload.framework.megatron_core}
+        fingerprint = {"launcher": "sim", "seed": self.seed, "megatron_core": None,
+                       **self.framework_fingerprint(workload)}
+        constants, slowdown = framework_effects(self.base_constants, self.version)
         broken = violations(workload, strategy)
         if broken:
             log = _traceback(0, f"AssertionError: {broken[0].message}")
             return LaunchResult(ok=False, log=log, exit_code=1, duration_s=30.0, gpu_seconds=30.0 * world,
                                 fingerprint=fingerprint)
-        pred = predict(workload, strategy, self.constants)
+        pred = predict(workload, strategy, constants)
         config_rng = _rng(self.seed, "config", strategy.signature())  # systematic, per configuration
         run_rng = _rng(self.seed, "run", trial_key)  # varies per attempt
         limit = workload.cluster.spec.memory_gib
@@ -106,7 +176,10 @@ class SimLauncher(Launcher):
             return LaunchResult(ok=False, log=log, exit_code=-9, duration_s=STARTUP_S + hang_s,
                                 gpu_seconds=(STARTUP_S + hang_s) * world, fingerprint=fingerprint,
                                 category_hint=hint)
-        step = pred.step_time_s * float(np.exp(self.noise * run_rng.standard_normal()))
+        if self.version is not None:  # this configuration's own share of the release's effect
+            slowdown *= float(np.exp(CONFIG_SIGMA * _rng("framework", self.version, strategy.signature())
+                                     .standard_normal()))
+        step = pred.step_time_s * slowdown * float(np.exp(self.noise * run_rng.standard_normal()))
         scale = pred.step_time_s / step
         busy = 1.0 - (pred.time.pp_bubble_s + pred.time.overhead_s) / pred.step_time_s
         util = float(np.clip(busy + 0.02 * run_rng.standard_normal(), 0.05, 1.0))

@@ -32,9 +32,20 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from optico.events import JobEvent
-from optico.pool.lifecycle import JobStatus
-from optico.pool.records import AgentMessage, JobRecord, JobStats, StoredEvent, TokenRecord
+from optico.events import JobEvent, ScheduleEvent
+from optico.pool.lifecycle import JobStatus, LifecycleError
+from optico.pool.records import (
+    AgentMessage,
+    Incumbent,
+    JobRecord,
+    JobStats,
+    ScheduleRecord,
+    StoredEvent,
+    StoredScheduleEvent,
+    TickRecord,
+    TickVerdict,
+    TokenRecord,
+)
 from optico.spec import JobSpec
 from optico.strategy import Strategy
 from optico.trial import Failure, Metrics, Trial, TrialStatus
@@ -51,6 +62,22 @@ class StoreError(RuntimeError):
 
 class IdempotencyConflict(ValueError):
     """An Idempotency-Key already names a job with a different spec."""
+
+
+class TickBusy(LifecycleError):
+    """Another live replica is ticking the schedule."""
+
+    def __init__(self, name: str, worker: str, until: datetime):
+        self.name, self.worker, self.until = name, worker, until
+        super().__init__(f"schedule {name!r} is being ticked by {worker} until {until:%Y-%m-%d %H:%M:%S} UTC")
+
+
+class TickLost(LifecycleError):
+    """The tick is no longer the caller's: its lock expired and another replica took the schedule over."""
+
+    def __init__(self, tick_id: int, worker: str):
+        self.tick_id, self.worker = tick_id, worker
+        super().__init__(f"tick {tick_id} is no longer held by {worker}: its lock expired")
 
 
 class Store(ABC):
@@ -216,6 +243,82 @@ class Store(ABC):
     @abstractmethod
     def revoke_token(self, name: str) -> TokenRecord:
         """Revokes the token of this name (KeyError if none); revoking twice is harmless."""
+
+    # -- retuning schedules (optico.retune) -----------------------------------------------------
+    # A schedule fires at most once per cron slot whatever the number of replicas: `claim_tick`
+    # moves `next_fire_at` forward with a conditional update, and the slot is unique per schedule
+    # in the ticks table. The replica that claimed a tick holds the schedule's lock until it records
+    # the tick; a dead replica's lock expires and its running tick is then marked failed.
+
+    @abstractmethod
+    def create_schedule(self, name: str, spec: JobSpec, *, cron: str, next_fire_at: datetime, max_trials: int,
+                        always_retune: bool = False, webhook_url: str | None = None) -> ScheduleRecord:
+        """Stores a schedule (its spec as a job's: secrets masked). The caller checks the cron and
+        computes its first slot. ValueError for a taken name."""
+
+    @abstractmethod
+    def get_schedule(self, name: str) -> ScheduleRecord:
+        """The schedule; KeyError if unknown."""
+
+    @abstractmethod
+    def list_schedules(self) -> list[ScheduleRecord]:
+        """Every schedule, by name."""
+
+    @abstractmethod
+    def delete_schedule(self, name: str) -> None:
+        """Removes the schedule with its ticks and events (its jobs stay); KeyError if unknown."""
+
+    @abstractmethod
+    def fire_now(self, name: str) -> ScheduleRecord:
+        """Makes the schedule due now: the next poll of any replica's scheduler fires it. KeyError if unknown."""
+
+    @abstractmethod
+    def due_schedules(self, limit: int = 20) -> list[ScheduleRecord]:
+        """Schedules whose slot has come (`next_fire_at` <= now) and that no live lock holds, oldest slot first."""
+
+    @abstractmethod
+    def claim_tick(self, name: str, worker: str, lock_s: float, *, due_at: datetime | None = None,
+                   next_fire_at: datetime | None = None) -> TickRecord | None:
+        """Starts a tick (RUNNING) and gives `worker` the schedule's lock for `lock_s` seconds.
+
+        Cron firing (`due_at` = the slot the caller saw, `next_fire_at` = the slot after it): only if
+        the schedule's slot is still `due_at` and no live lock holds it, else None (another replica
+        fired it or is ticking). Manual (`due_at` None): TickBusy if a live lock holds it.
+        KeyError for an unknown schedule."""
+
+    @abstractmethod
+    def renew_tick_lock(self, tick_id: int, worker: str, lock_s: float) -> None:
+        """Extends `worker`'s lock on the tick's schedule to now + `lock_s` (a long re-measurement keeps
+        it); TickLost if the tick is no longer `worker`'s running tick."""
+
+    @abstractmethod
+    def record_tick(self, tick_id: int, worker: str, status: str, verdict: TickVerdict | None = None, *,
+                    incumbent: Incumbent | None = None, event: ScheduleEvent | None = None) -> TickRecord:
+        """Ends `worker`'s part of a running tick: its status ('done', 'retuning', 'failed', 'skipped'),
+        the verdict, optionally a new incumbent and an event, and releases the lock, in one transaction.
+        TickLost if the tick is no longer `worker`'s running tick."""
+
+    @abstractmethod
+    def complete_retune(self, tick_id: int, *, new_best_mfu: float | None, report: dict[str, Any],
+                        incumbent: Incumbent | None, event: ScheduleEvent) -> TickRecord | None:
+        """Closes a 'retuning' tick whose job ended: the new best, `report` merged into the tick's, the
+        new incumbent (None: keep it) and the event. None when it was closed already (safe to repeat)."""
+
+    @abstractmethod
+    def get_tick(self, tick_id: int) -> TickRecord:
+        """The tick; KeyError if unknown."""
+
+    @abstractmethod
+    def ticks(self, schedule_id: int | None = None, *, status: str | None = None, limit: int = 50) -> list[TickRecord]:
+        """Ticks of one schedule (or of all), newest first, optionally of one status."""
+
+    @abstractmethod
+    def add_schedule_event(self, schedule_id: int, event: ScheduleEvent) -> int:
+        """Appends an event to the schedule's log and returns its `seq` (1, 2, ... per schedule)."""
+
+    @abstractmethod
+    def schedule_events(self, schedule_id: int, after: int = 0, limit: int | None = None) -> list[StoredScheduleEvent]:
+        """The schedule's events with seq > `after`, oldest first."""
 
     # -- service figures --------------------------------------------------------------------
     @abstractmethod

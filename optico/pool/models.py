@@ -12,7 +12,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint, func
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+    func,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Deterministic constraint names: SQLite migrations rebuild tables ("batch" mode) and
@@ -171,6 +184,85 @@ class TokenRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ScheduleRow(Base):
+    """A retuning schedule: a job spec re-checked on a cron, and the incumbent it defends."""
+
+    __tablename__ = "optico_schedules"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # No foreign key: a schedule's workload is stored with its first job, not before.
+    workload_key: Mapped[str] = mapped_column(String(64), index=True)
+    cron: Mapped[str] = mapped_column(String(128))
+    max_trials: Mapped[int] = mapped_column(Integer)
+    always_retune: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    webhook_url: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
+    # The next cron slot (database clock). Firing moves it forward with a conditional UPDATE, so of
+    # several replicas polling at once exactly one fires each slot.
+    next_fire_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    last_tick_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The tick lock: the replica working on a tick (probe, re-measurement) holds it; a replica that
+    # died lets the next one in once it has expired.
+    locked_by: Mapped[str | None] = mapped_column(String(255))
+    locked_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The incumbent: the best configuration, its MFU, and the framework it was measured under.
+    incumbent_strategy: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
+    incumbent_mfu: Mapped[float | None] = mapped_column(Float)
+    incumbent_fingerprint: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
+    incumbent_job_id: Mapped[int | None] = mapped_column(Integer)
+    incumbent_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class TickRow(Base):
+    """One firing of a schedule and what it found (the schedule's history)."""
+
+    __tablename__ = "optico_schedule_ticks"
+    __table_args__ = (
+        # A cron slot fires once, whichever replica fires it (NULL for `run-now`: never equal).
+        UniqueConstraint("schedule_id", "due_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    schedule_id: Mapped[int] = mapped_column(Integer, ForeignKey("optico_schedules.id", ondelete="CASCADE"),
+                                             index=True)
+    trigger: Mapped[str] = mapped_column(String(16))
+    due_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # running -> done | retuning (a retune job runs) -> done; failed; skipped (a retune still ran).
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    outcome: Mapped[str | None] = mapped_column(String(16))
+    worker: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    fingerprint: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
+    fingerprint_changed: Mapped[bool | None] = mapped_column(Boolean)
+    mfu_before: Mapped[float | None] = mapped_column(Float)
+    mfu_after: Mapped[float | None] = mapped_column(Float)
+    noise_pct: Mapped[float | None] = mapped_column(Float)
+    regression_pct: Mapped[float | None] = mapped_column(Float)
+    retune_job_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    new_best_mfu: Mapped[float | None] = mapped_column(Float)
+    # Everything else a person reads: the re-measurements, the framework change, the new best and
+    # its Megatron-LM flag diff, an error.
+    report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class ScheduleEventRow(Base):
+    """A schedule's append-only event log (tick outcomes, retune results), apart from the jobs'
+    logs: a tick belongs to no job. `seq` grows by one per schedule, under its row lock."""
+
+    __tablename__ = "optico_schedule_events"
+    __table_args__ = (UniqueConstraint("schedule_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    schedule_id: Mapped[int] = mapped_column(Integer, ForeignKey("optico_schedules.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
 
 
 OUR_TABLES: frozenset[str] = frozenset(Base.metadata.tables)

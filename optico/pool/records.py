@@ -11,12 +11,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from optico.events import JobEvent
+from optico.events import JobEvent, ScheduleEvent
 from optico.pool.lifecycle import JobStatus
 from optico.spec import JobSpec
+from optico.strategy import Strategy
 from optico.trial import Trial
 
-__all__ = ["AgentMessage", "JobRecord", "JobStats", "JobStatus", "StoredEvent", "TokenRecord", "as_utc"]
+__all__ = ["AgentMessage", "Incumbent", "JobRecord", "JobStats", "JobStatus", "ScheduleRecord", "StoredEvent",
+           "StoredScheduleEvent", "TickRecord", "TickVerdict", "TokenRecord", "as_utc"]
 
 
 def as_utc(value: datetime) -> datetime:
@@ -117,3 +119,95 @@ class TokenRecord(_Record):
     @property
     def can_write(self) -> bool:
         return self.scope == "write"
+
+
+# -- retuning schedules ---------------------------------------------------------------------------
+
+class _Dated(_Record):
+    @field_validator("next_fire_at", "last_tick_at", "locked_until", "measured_at", "due_at", mode="after",
+                     check_fields=False)
+    @classmethod
+    def _utc_too(cls, value: datetime | None) -> datetime | None:
+        return as_utc(value) if value is not None else None
+
+
+class Incumbent(_Dated):
+    """The configuration a schedule defends: the best measured, under the framework it was measured on."""
+
+    strategy: Strategy
+    mfu: float
+    fingerprint: dict[str, str] = Field(description="The framework it was measured under (optico.fingerprint).")
+    job_id: int | None = Field(None, description="The job whose trial measured it (None: a tick's re-measurement).")
+    measured_at: datetime
+
+
+class ScheduleRecord(_Dated):
+    """A retuning schedule as stored. `webhook_url` is a secret (it often carries a token): views show
+    `webhook_host` only."""
+
+    id: int
+    name: str
+    spec: JobSpec
+    workload_key: str
+    cron: str
+    max_trials: int
+    always_retune: bool = False
+    webhook_url: str | None = None
+    created_at: datetime
+    next_fire_at: datetime
+    last_tick_at: datetime | None = None
+    locked_by: str | None = None
+    locked_until: datetime | None = None
+    incumbent: Incumbent | None = None
+
+
+class TickRecord(_Dated):
+    """One firing of a schedule. `status`: running, done, retuning (its retune job has not ended),
+    failed, skipped. `outcome` as in `optico schedule run-now --json` (None until decided)."""
+
+    id: int
+    schedule_id: int
+    trigger: str
+    due_at: datetime | None = None
+    status: str
+    outcome: str | None = None
+    worker: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    fingerprint: dict[str, str] | None = None
+    fingerprint_changed: bool | None = None
+    mfu_before: float | None = None
+    mfu_after: float | None = None
+    noise_pct: float | None = None
+    regression_pct: float | None = None
+    retune_job_id: int | None = None
+    new_best_mfu: float | None = None
+    report: dict[str, Any] = Field(default_factory=dict)
+
+
+class TickVerdict(_Record):
+    """What a tick found: the fields of `TickRecord` a tick decides (see `optico.retune.decide`)."""
+
+    outcome: str | None = None
+    fingerprint: dict[str, str] | None = None
+    fingerprint_changed: bool | None = None
+    mfu_before: float | None = None
+    mfu_after: float | None = None
+    noise_pct: float | None = None
+    regression_pct: float | None = None
+    retune_job_id: int | None = None
+    new_best_mfu: float | None = None
+    report: dict[str, Any] = Field(default_factory=dict)
+
+
+class StoredScheduleEvent(_Record):
+    """One entry of a schedule's event log: `seq` grows by one per schedule."""
+
+    schedule_id: int
+    seq: int
+    created_at: datetime
+    event: ScheduleEvent
+
+    @property
+    def kind(self) -> str:
+        return self.event.kind

@@ -35,6 +35,7 @@ from optico.pool.lifecycle import (
 )
 from optico.pool.models import Base, EventRow, JobRow, MessageRow, TokenRow, TrialRow, WorkloadRow
 from optico.pool.records import AgentMessage, JobRecord, JobStats, StoredEvent, TokenRecord, as_utc
+from optico.pool.schedules import ScheduleSql
 from optico.spec import JobSpec
 from optico.strategy import Strategy
 from optico.trial import Failure, FailureCategory, Metrics, Trial, TrialStatus
@@ -136,8 +137,8 @@ def _trial_or_raise(session: Session, trial_id: int) -> TrialRow:
     return row
 
 
-class SqlStore(Store):
-    """The pool in SQLite or PostgreSQL; see `Store` for the contract.
+class SqlStore(ScheduleSql, Store):
+    """The pool in SQLite or PostgreSQL; see `Store` for the contract (retuning schedules: `ScheduleSql`).
 
     `url` defaults to `default_database_url()`. With `upgrade=True` the schema is migrated to
     this optico's head on open; with `upgrade=False` an outdated schema raises

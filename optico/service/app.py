@@ -23,7 +23,8 @@ from optico.pool.store import SqlStore
 from optico.redact import redact
 from optico.service import dashboard
 from optico.service.dashboard.session import LoginRequired, login_redirect
-from optico.service.routes import events, jobs, ops
+from optico.service.routes import events, jobs, ops, schedules
+from optico.service.scheduler import Scheduler
 from optico.service.settings import ServiceSettings
 from optico.service.worker import WorkerPool
 
@@ -53,9 +54,15 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
         pool = WorkerPool(store, store.url, count, policy=settings.lease, poll_s=settings.worker_poll_s)
         pool.start()
         app.state.workers = pool
+        scheduler = Scheduler(store, poll_s=settings.scheduler_poll_s, lock_s=settings.lease_s) \
+            if settings.scheduler else None
+        if scheduler is not None:
+            scheduler.start()
         try:
             yield
         finally:
+            if scheduler is not None:
+                scheduler.stop()
             pool.stop()
             store.close()
 
@@ -65,6 +72,7 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(ops.router)
+    app.include_router(schedules.router)
     app.include_router(dashboard.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 

@@ -287,3 +287,42 @@ def test_plotly_is_served_locally():
 
     assert plotly_js().is_file() and plotly_js().stat().st_size > 1_000_000
     assert shutil.which("chromium") or CHROMIUM or os.environ.get("OPTICO_REQUIRE_BROWSER") != "1"
+
+
+def test_the_workload_history_shows_retuning_ticks(browser: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A schedule's first tune, then an upgraded cluster: the workload page shows both ticks, the
+    incumbent's re-measurement and the retune's new best."""
+    from optico.retune.cron import next_fire
+    from optico.retune.fire import run_now
+
+    db = f"sqlite:///{tmp_path / 'history.db'}"
+    body = spec("nightly", max_trials=4, trial_seconds=0)
+    body["launcher"]["framework_version"] = "24.10"
+    with SqlStore(db) as store:
+        token = store.create_token("reader", "read")[1]
+        store.create_schedule("nightly", parse_spec(body), cron="0 2 * * *",
+                              next_fire_at=next_fire("0 2 * * *", store.db_now()), max_trials=4)
+        # Playwright's sync API holds an event loop in this thread: the ticks run in another one.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(run_now, store, "nightly", database_url=db).result()
+            monkeypatch.setenv("OPTICO_SIM_FRAMEWORK_VERSION", "25.01")
+            second = pool.submit(run_now, store, "nightly", database_url=db).result()
+        key = store.get_schedule("nightly").workload_key
+    assert first.outcome == "first-tune" and second.fingerprint_changed
+    service = Service(db_url=db, home=tmp_path / "home", extra_env={"OPTICO_WORKERS": "0",
+                                                                    "OPTICO_SCHEDULER": "false"}).start()
+    try:
+        ui = Page(browser, service, token)
+        page = ui.go(f"/workloads/{key}")
+        page.wait_for_function("() => document.getElementById('chart-history').data !== undefined")
+        rows = page.locator("#ticks tbody tr").all_inner_texts()
+        assert len(rows) == 2 and "first-tune" in rows[0] and second.outcome in rows[1] and "25.01" in rows[1]
+        names = page.evaluate("() => document.getElementById('chart-history').data.map(t => t.name)")
+        assert "incumbent re-measured (tick)" in names and "version 24.10" in names
+        assert ("retune's best" in names) == (second.new_best_mfu is not None)
+        assert ui.errors == []
+        ui.close()
+    finally:
+        service.kill()

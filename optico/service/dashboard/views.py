@@ -251,18 +251,27 @@ def workload_page(request: Request, key: str, store: StoreDep, who: Viewer) -> R
         best = stats[j.id].best if j.id in stats else None
         if best is None or best.mfu is None:
             continue
-        fp = best.fingerprint
-        version = str(fp.get("framework_version") or fp.get("megatron_core") or "unknown")
-        points.append({"job": j.id, "name": j.name, "version": version, "mfu": best.mfu,
+        points.append({"job": j.id, "name": j.name, "version": _version(best.fingerprint), "mfu": best.mfu,
                        "when": j.finished_at or j.created_at, "strategy": best.strategy.short()})
-    figure = _history_figure(points)
+    ticks = [{"schedule": s.name, "when": t.finished_at or t.started_at, "outcome": t.outcome or t.status,
+              "version": _version(t.fingerprint or {}), "before": t.mfu_before, "after": t.mfu_after,
+              "regression_pct": t.regression_pct, "retune_job": t.retune_job_id, "new_best": t.new_best_mfu}
+             for s in store.list_schedules() if s.workload_key == key for t in store.ticks(s.id, limit=200)]
+    ticks.sort(key=lambda t: t["when"])
+    figure = _history_figure(points, ticks)
     return templates.TemplateResponse(request, "workload.html", {
         "who": who, "key": key, "description": jobs[0].spec.workload.describe(), "points": points,
-        "history_figure": figure})
+        "ticks": ticks, "history_figure": figure})
 
 
-def _history_figure(points: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each job's best MFU over time, one trace per framework version; the incumbent (best so far) as a step."""
+def _version(fingerprint: dict[str, Any]) -> str:
+    """The framework a measurement ran under, as a short label."""
+    return str(fingerprint.get("framework_version") or fingerprint.get("megatron_core") or "unknown")
+
+
+def _history_figure(points: list[dict[str, Any]], ticks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each job's best MFU over time, one trace per framework version; the incumbent (best so far) as a step;
+    each schedule tick's re-measurement of the incumbent, and each retune's new best."""
     by_version: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in points:
         by_version[p["version"]].append(p)
@@ -276,6 +285,18 @@ def _history_figure(points: list[dict[str, Any]]) -> dict[str, Any]:
         incumbent.append(round(100 * best, 2))
     data.append({"type": "scatter", "mode": "lines", "name": "incumbent", "line": {"shape": "hv", "dash": "dot"},
                  "x": [p["when"].isoformat() for p in points], "y": incumbent})
+    measured = [t for t in ticks if t["after"] is not None]
+    if measured:
+        data.append({"type": "scatter", "mode": "markers", "name": "incumbent re-measured (tick)",
+                     "x": [t["when"].isoformat() for t in measured], "y": [round(100 * t["after"], 2) for t in measured],
+                     "text": [f"{t['schedule']}: {t['outcome']} under {t['version']}" for t in measured],
+                     "marker": {"symbol": "diamond-open", "size": 12, "color": "#cf222e"}})
+    retuned = [t for t in ticks if t["new_best"] is not None]
+    if retuned:
+        data.append({"type": "scatter", "mode": "markers", "name": "retune's best",
+                     "x": [t["when"].isoformat() for t in retuned], "y": [round(100 * t["new_best"], 2) for t in retuned],
+                     "text": [f"{t['schedule']}: job {t['retune_job']}" for t in retuned],
+                     "marker": {"symbol": "star", "size": 13, "color": "#1a7f37"}})
     return {"data": data, "layout": {"yaxis": {"title": {"text": "best MFU %"}}, "margin": {"t": 30, "r": 20, "b": 50,
                                                                                         "l": 60},
                                      "legend": {"orientation": "h", "y": 1.12}}}

@@ -1,0 +1,115 @@
+"""Nightly retuning end to end in this process, on SQLite and PostgreSQL: the simulated cluster is
+upgraded (OPTICO_SIM_FRAMEWORK_VERSION) under a schedule, and its ticks are run for real."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+
+from retune_testkit import add_schedule
+
+from optico.launchers.sim import SimLauncher
+from optico.pool.lifecycle import JobStatus
+from optico.pool.store import SqlStore
+from optico.report import flag_changes
+from optico.retune.fire import RetuneRunning, fire_due, run_now
+from optico.retune.retune import idempotency_key
+from optico.retune.tick import outcome_json
+
+
+def _measure_now(store: SqlStore, name: str, strategy, runs: int = 5) -> float:
+    """The incumbent's MFU on the cluster as it is now, measured straight through the simulator."""
+    spec = store.get_schedule(name).spec
+    sim = SimLauncher(seed=spec.seed, hang_rate=0.0, framework_version=spec.launcher.framework_version)
+    mfus = [asyncio.run(sim.launch(spec.workload, strategy, trial_key=f"check-{i}")).metrics.mfu for i in range(runs)]
+    return statistics.fmean(mfus)
+
+
+def test_an_upgrade_is_found_retuned_and_recorded_and_a_second_tick_starts_nothing(
+        store: SqlStore, db_url: str, upgrade) -> None:
+    add_schedule(store, "nightly", max_trials=6)
+
+    first = run_now(store, "nightly", database_url=db_url)
+    assert first.outcome == "first-tune" and first.status == "done" and first.retune_job_id is not None
+    before = store.get_schedule("nightly").incumbent
+    assert before is not None and before.fingerprint == {"framework_version": "24.10"}
+    assert before.mfu == first.new_best_mfu == store.best_trial(first.retune_job_id).mfu
+
+    upgrade("25.01")
+    tick = run_now(store, "nightly", database_url=db_url)
+    result = outcome_json("nightly", tick)
+    assert result["fingerprint_changed"] is True
+    assert result["outcome"] in ("regression", "improvement")
+    # It found the incumbent's change: what the upgraded cluster really gives it, beyond the noise band.
+    assert result["incumbent"]["mfu_before"] == before.mfu
+    truth = _measure_now(store, "nightly", before.strategy)
+    assert abs(result["incumbent"]["mfu_after"] - truth) / truth * 100 < result["noise_pct"]
+    assert abs(result["regression_pct"]) > result["noise_pct"]
+    assert (result["regression_pct"] > 0) == (result["outcome"] == "regression")
+    assert result["regression_pct"] == (before.mfu - result["incumbent"]["mfu_after"]) / before.mfu * 100
+    assert len(tick.report["remeasure"]["mfus"]) == 3 and len(tick.report["remeasure"]["warmup_mfus"]) == 1
+
+    # ... and a new best, recorded as the tick's result and as the schedule's incumbent.
+    job = store.get_job(result["retune_job_id"])
+    assert job.status is JobStatus.SUCCEEDED and job.spec.baseline == before.strategy
+    assert job.spec.budget.max_trials == 6 and len(store.trials(job.id)) == 6
+    best = store.best_trial(job.id)
+    assert result["new_best_mfu"] == best.mfu
+    assert all(t.fingerprint["framework_version"] == "25.01" for t in store.trials(job.id))
+    after = store.get_schedule("nightly").incumbent
+    assert (after.strategy, after.mfu, after.job_id) == (best.strategy, best.mfu, job.id)
+    assert after.fingerprint == {"framework_version": "25.01"}
+    assert result["flag_changes"] == flag_changes(before.strategy, best.strategy)
+    assert tick.report["framework"]["changes"] == {"framework_version": ["24.10", "25.01"]}
+
+    kinds = [(e.kind, e.event.tick_id) for e in store.schedule_events(store.get_schedule("nightly").id)]
+    assert kinds == [("tick", first.id), ("retune_done", first.id), ("tick", tick.id), ("retune_done", tick.id)]
+    done = store.schedule_events(store.get_schedule("nightly").id)[-1].event
+    assert done.new_best_mfu == best.mfu and done.flag_changes == result["flag_changes"]
+
+    jobs_before = len(store.list_jobs(100))
+    again = run_now(store, "nightly", database_url=db_url)
+    assert outcome_json("nightly", again) | {"tick_id": 0, "schedule": ""} == {
+        "schedule": "", "tick_id": 0, "status": "done", "outcome": "no-change", "fingerprint_changed": False,
+        "incumbent": {"mfu_before": best.mfu, "mfu_after": None}, "regression_pct": None, "noise_pct": None,
+        "retune_job_id": None, "new_best_mfu": None, "flag_changes": [], "error": None}
+    assert len(store.list_jobs(100)) == jobs_before
+    assert store.get_schedule("nightly").incumbent == after
+
+
+def test_two_schedulers_on_one_database_fire_a_slot_once(store: SqlStore, db_url: str, upgrade) -> None:
+    add_schedule(store, "nightly", max_trials=3)
+    run_now(store, "nightly", database_url=db_url)
+    upgrade("25.01")
+    store.fire_now("nightly")
+    slot = store.get_schedule("nightly").next_fire_at
+    barrier = threading.Barrier(2)
+    fired: dict[str, list] = {}
+
+    def replica(name: str) -> None:
+        with SqlStore(db_url) as own:  # each replica has its own engine and connections
+            barrier.wait()
+            fired[name] = fire_due(own, worker=name, lock_s=30)
+
+    threads = [threading.Thread(target=replica, args=(f"replica-{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    ticks = [t for got in fired.values() for t in got]
+    assert len(ticks) == 1, fired
+    tick = ticks[0]
+    assert tick.trigger == "cron" and tick.due_at == slot and tick.status == "retuning"
+    assert tick.outcome in ("regression", "improvement")
+    assert store.get_schedule("nightly").next_fire_at > slot  # the slot moved on to the next cron time
+    retunes = [j for j in store.list_jobs(100) if j.name.endswith(f"(tick {tick.id})")]
+    assert [j.id for j in retunes] == [tick.retune_job_id]
+    assert store.job_id_for_key(idempotency_key(tick.id)) == tick.retune_job_id
+    # No worker runs here: the tick waits for its job, and run-now refuses to start a second retune.
+    try:
+        run_now(store, "nightly", database_url=db_url)
+    except RetuneRunning as exc:
+        assert str(tick.retune_job_id) in str(exc)
+    else:
+        raise AssertionError("run-now started a second retune")

@@ -1,0 +1,77 @@
+"""The regression webhook against a real HTTP server on localhost: redacted, bounded, no redirects."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from optico import redact
+from optico.retune.webhook import check_webhook_url, notify, post
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/slow":
+            time.sleep(3)
+        if self.path == "/bounce":
+            self.send_response(307)
+            self.send_header("Location", "file:///etc/passwd")
+            self.end_headers()
+            return
+        type(self).received.append({"path": self.path, "body": body, "type": self.headers["Content-Type"]})
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    _Receiver.received = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+
+
+def test_the_payload_arrives_redacted_in_the_background(server: str) -> None:
+    secret = "sk-test-0123456789abcdef"
+    redact.register(secret)
+    thread = notify(f"{server}/hook", {"outcome": "regression", "log": f"key={secret}"})
+    assert thread is not None
+    thread.join(timeout=10)
+    [got] = _Receiver.received
+    assert got["type"] == "application/json" and got["body"]["outcome"] == "regression"
+    assert secret not in json.dumps(got["body"])
+    assert notify(None, {"x": 1}) is None
+
+
+def test_redirects_are_not_followed_and_a_slow_receiver_costs_at_most_the_timeout(server: str) -> None:
+    assert post(f"{server}/bounce", {"x": 1}) == 307
+    assert _Receiver.received == []
+    started = time.monotonic()
+    answer = post(f"{server}/slow", {"x": 1}, timeout_s=0.5)
+    assert time.monotonic() - started < 2.5 and "timed out" in str(answer).lower()
+    started = time.monotonic()
+    notify(f"{server}/slow", {"x": 1}, timeout_s=0.5)
+    assert time.monotonic() - started < 0.2  # the caller (a tick) never waits
+
+
+@pytest.mark.parametrize("url, reason", [("file:///etc/passwd", "scheme 'file'"), ("ftp://x/y", "scheme 'ftp'"),
+                                         ("https://", "no host"), ("hooks.example.com/x", "scheme 'none'")])
+def test_only_http_urls_with_a_host(url: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        check_webhook_url(url)
+    assert post(url, {}) != 200
