@@ -341,10 +341,9 @@ def complete_job(store: Store, job_id: int, worker: str, reason: str, *, on_even
     best = _best(trials)
     if best:
         store.set_best_trial(job_id, best.id, worker=worker)
-    store.transition(job_id, JobStatus.SUCCEEDED, reason=reason, worker=worker)
     event = JobFinished(status=JobStatus.SUCCEEDED.value, stop_reason=reason, trials=len(trials),
                         best_mfu=best.mfu if best else None)
-    store.add_event(job_id, event)
+    store.transition(job_id, JobStatus.SUCCEEDED, reason=reason, worker=worker, then=event)
     if on_event:
         on_event(event.kind, event.model_dump(mode="json"))
 

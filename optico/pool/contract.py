@@ -125,10 +125,11 @@ class Store(ABC):
 
     # -- the lifecycle ---------------------------------------------------------------------
     @abstractmethod
-    def transition(self, job_id: int, to: JobStatus, *, reason: str | None = None,
-                   worker: str | None = None) -> JobRecord:
+    def transition(self, job_id: int, to: JobStatus, *, reason: str | None = None, worker: str | None = None,
+                   then: JobEvent | None = None) -> JobRecord:
         """Compare-and-set: moves the job to `to` if its current state allows it (see
-        `lifecycle.ALLOWED`), recording a `state` event in the same transaction.
+        `lifecycle.ALLOWED`), recording a `state` event in the same transaction, and `then` after it
+        (e.g. `job_done`: a reader never sees the final state without it).
 
         `reason` becomes the stop reason of a final state. Outcomes of a run (succeeded, failed,
         interrupted) need `worker`, the lease holder; a final state releases the lease.

@@ -343,8 +343,8 @@ class SqlStore(ScheduleSql, Store):
             return self._now(s)
 
     # -- the lifecycle ---------------------------------------------------------------------
-    def transition(self, job_id: int, to: JobStatus, *, reason: str | None = None,
-                   worker: str | None = None) -> JobRecord:
+    def transition(self, job_id: int, to: JobStatus, *, reason: str | None = None, worker: str | None = None,
+                   then: JobEvent | None = None) -> JobRecord:
         to = JobStatus(to)
         with self._session() as s:
             row = self._lock_job(s, job_id)
@@ -371,6 +371,8 @@ class SqlStore(ScheduleSql, Store):
             self._append_event(s, job_id, JobStateChanged(status=to.value, previous=current.value,
                                                           reason=redact.redact(reason) if reason else None,
                                                           worker=worker))
+            if then is not None:
+                self._append_event(s, job_id, then)
             s.flush()
             return _job(row)
 

@@ -107,7 +107,7 @@ def test_a_killed_actor_is_an_infrastructure_fault_and_the_trial_is_rerun(ray_cl
         killed.append(alive[0].pid)
         os.kill(alive[0].pid, signal.SIGKILL)  # the node agent dies under its torchrun
 
-    w = tiny(gpus_per_node=1, nodes=2)
+    w = tiny(gpus_per_node=1, nodes=2, gpu="h100-sxm")  # the stand-in prints an H100's throughput
     slow = MegatronLMProgram(kind="megatron-lm", command=fake_command(), train_iters=40)
     result = asyncio.run(launcher(tmp_path, slow, max_infra_retries=2).launch(
         w, strategy_from_mapping({}), trial_key="dead-actor", progress=kill_once))
