@@ -62,6 +62,16 @@ class ModelArch(BaseModel):
     def expert_ffn(self) -> int:
         return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
+    def dense_ffn_widths(self) -> list[tuple[str, int]]:
+        """GEMM widths split over TP (not ETP): the dense MLP where the model has one, the shared
+        expert. Megatron's column-parallel layers need them divisible by TP."""
+        out = []
+        if not self.is_moe:
+            out.append(("ffn_hidden_size", self.ffn_hidden_size))
+        if self.moe_shared_expert_intermediate_size:
+            out.append(("moe_shared_expert_intermediate_size", self.moe_shared_expert_intermediate_size))
+        return out
+
     def padded_vocab(self, tp: int = 1, divisible_by: int = 128) -> int:
         """Megatron pads the vocabulary to a multiple of 128·TP."""
         multiple = divisible_by * tp

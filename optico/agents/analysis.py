@@ -19,6 +19,7 @@ from optico.agents.contracts import (
     Suggestion,
 )
 from optico.guard import Guard
+from optico.parallel import ParallelDims
 from optico.perfmodel.bottleneck import Bottleneck
 from optico.perfmodel.online import JobModel
 from optico.strategy import Strategy
@@ -33,8 +34,8 @@ EXPLORE_BONUS = 0.02
 _HEALTH_SLACK = 0.03
 
 
-def _layout(s: Strategy) -> tuple[int, int, int, int, int]:
-    return (s.tp, s.pp, s.cp, s.ep, s.vpp)
+def _layout(s: Strategy) -> tuple:
+    return ParallelDims.of(s, 0).key
 
 
 def diagnose_health(ref: Trial | None, mem_fraction: float | None) -> tuple[HealthState, str]:
@@ -127,7 +128,8 @@ class RulesAnalysis:
         measured_layouts = {_layout(t.strategy) for t in inp.history if t.status == TrialStatus.OK}
         counts = {"tried or known to fail": 0, "predicted OOM": 0, "other": 0}
         scored: list[tuple[float, int, bool, Strategy]] = []
-        for cand in self.pool:
+        # A coarse pool (a very large space) adds the moves around the reference; a list is scored whole.
+        for cand in self.pool.around(ref) if hasattr(self.pool, "around") else self.pool:
             verdict = self.guard.check(cand, inp.history, inp.prior)
             if not verdict.admitted:
                 key = {"duplicate": "tried or known to fail", "known-failure": "tried or known to fail",

@@ -1,9 +1,10 @@
 """Strategy generation, offline: turn ranked suggestions into complete configurations.
 
 A suggestion names only what changes; the rest of the configuration comes from the
-reference. Coupled flags are repaired the way an engineer would (sequence
-parallel off when TP becomes 1, param-gather overlap off without the distributed
-optimizer, VPP dropped when PP becomes 1) so a good idea is not lost to a flag.
+reference. Coupled flags are repaired the way an engineer would, from the couplings the
+knob registry declares (sequence parallel off when TP becomes 1, param-gather overlap off
+without the distributed optimizer, VPP dropped when PP becomes 1, the uneven split Megatron
+needs when PP stops dividing the layers) so a good idea is not lost to a flag.
 """
 
 from __future__ import annotations
@@ -11,31 +12,59 @@ from __future__ import annotations
 from typing import Any
 
 from optico.agents.contracts import GenerationInput, GenerationOutput, Proposal
+from optico.knobs import KNOBS
+from optico.parallel import ParallelDims
 from optico.search_space import SearchSpace
 from optico.strategy import Strategy
+from optico.workload import Workload
 
 
-def repair(s: Strategy, space: SearchSpace) -> Strategy:
-    """Switches off flags that the new parallel sizes make invalid, when the space allows."""
-    fixes: dict[str, Any] = {}
-    if s.tp == 1 and s.sequence_parallel:
-        fixes["sequence_parallel"] = False
-    if not (fixes.get("sequence_parallel", s.sequence_parallel)) and s.tp_comm_overlap:
-        fixes["tp_comm_overlap"] = False
-    if s.overlap_param_gather and not (s.use_distributed_optimizer and s.overlap_grad_reduce):
-        fixes["overlap_param_gather"] = False
-    if s.pp == 1 and s.virtual_pipeline_model_parallel_size:
-        fixes["virtual_pipeline_model_parallel_size"] = None
-    if s.pp == 1 and (s.decoder_first_pipeline_num_layers or s.decoder_last_pipeline_num_layers):
-        fixes["decoder_first_pipeline_num_layers"] = None
-        fixes["decoder_last_pipeline_num_layers"] = None
-    fixes = {k: v for k, v in fixes.items() if k not in space.fixed}
-    return s.changed(**fixes) if fixes else s
+def repair(s: Strategy, space: SearchSpace, workload: Workload | None = None) -> Strategy:
+    """Resets knobs whose couplings (`Knob.requires` in optico.knobs) the new values break — SP off at
+    TP 1, param-gather overlap off without the distributed optimizer, VPP dropped at PP 1 — unless
+    the space fixes them; with `workload`, a PP that does not divide the layers gets the uneven
+    first/last split Megatron needs when the space lets those knobs move."""
+    for _ in range(len(KNOBS)):  # each pass resets at least one knob, or stops
+        fixes: dict[str, Any] = {}
+        for k in KNOBS:
+            if k.name in space.fixed or not k.requires or not k.active(s):
+                continue
+            # Couplings that read the workload are checked only when it is given.
+            if any(not _holds(req, s, workload) for req in k.requires):
+                fixes[k.name] = k.default
+        if not fixes:
+            break
+        s = s.changed(**fixes)
+    if workload is not None:
+        s = _uneven_split(s, space, workload)
+    return s
 
 
-def apply_changes(reference: Strategy, changes: dict[str, Any], space: SearchSpace) -> Strategy:
+def _holds(req, s: Strategy, workload: Workload | None) -> bool:
+    try:
+        return req.holds(s, workload)
+    except AttributeError:  # a coupling on the workload, and none given
+        return True
+
+
+def _uneven_split(s: Strategy, space: SearchSpace, w: Workload) -> Strategy:
+    first, last = "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"
+    dims = ParallelDims.of(s, w.world_size)
+    if not dims.split_errors(w.model.num_layers) or first in space.fixed or last in space.fixed:
+        return s
+    a, b = dims.infer_uneven(w.model.num_layers)
+    if a is None:
+        return s
+    try:
+        return s.changed(**{first: a, last: b})
+    except ValueError:
+        return s
+
+
+def apply_changes(reference: Strategy, changes: dict[str, Any], space: SearchSpace,
+                  workload: Workload | None = None) -> Strategy:
     """The reference with `changes` applied and coupled flags repaired."""
-    return repair(reference.changed(**changes), space)
+    return repair(reference.changed(**changes), space, workload)
 
 
 class RulesGeneration:
@@ -48,7 +77,8 @@ class RulesGeneration:
         seen: set[str] = set()
         for rank, sug in enumerate(inp.analysis.suggestions, start=1):
             try:
-                strategy = apply_changes(inp.reference, {c.param: c.new for c in sug.changes}, inp.search_space)
+                strategy = apply_changes(inp.reference, {c.param: c.new for c in sug.changes}, inp.search_space,
+                                         inp.workload)
             except ValueError:
                 continue  # a value the Strategy model refuses; the guard would too
             sig = strategy.signature()
