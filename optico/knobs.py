@@ -364,7 +364,9 @@ KNOBS: tuple[Knob, ...] = (
                            if s.ep > 1 or s.moe_token_dispatcher_type != "allgather" else []),
          domain=lambda w: ["allgather", "alltoall"] if w.model.is_moe else ["allgather"],
          mcore=("transformer", "moe_token_dispatcher_type"),
-         requires=(Requires(lambda s, w: s.moe_token_dispatcher_type != "flex" or s.etp * s.ep > 1,
+         # The dispatcher is only built for MoE layers: a dense model never meets the check.
+         requires=(Requires(lambda s, w: s.moe_token_dispatcher_type != "flex" or s.etp * s.ep > 1
+                            or not w.model.is_moe,
                             "the flex dispatcher needs ETP·EP > 1 (ETP {s.etp}, EP {s.ep})",
                             ("expert_model_parallel_size", "expert_tensor_parallel_size", "tensor_model_parallel_size"),
                             "megatron-core at run time (MoEFlexTokenDispatcher)"),),

@@ -152,6 +152,26 @@ class ParallelDims:
             out[-1] += num_layers - sum(out)
         return [max(0, n) for n in out]
 
+    def stage_layer_indices(self, num_layers: int) -> list[list[int]]:
+        """The model's layer indices each stage builds, in order: contiguous blocks, or with VPP the
+        chunks of the interleaved order (virtual stage j·PP + i on rank i)."""
+        counts = self.stage_layers(num_layers)
+        if self.vpp == 1:
+            out, start = [], 0
+            for n in counts:
+                out.append(list(range(start, min(start + n, num_layers))))
+                start += n
+            return out
+        chunks = [[n // self.vpp + (n % self.vpp if j == self.vpp - 1 else 0) for j in range(self.vpp)]
+                  for n in counts]
+        out = [[] for _ in counts]
+        start = 0
+        for j in range(self.vpp):
+            for i in range(self.pp):
+                out[i].extend(range(start, min(start + chunks[i][j], num_layers)))
+                start += chunks[i][j]
+        return out
+
     def infer_uneven(self, num_layers: int) -> tuple[int | None, int | None]:
         """(first, last) that make `num_layers` split over PP stages, as a run that did not divide
         evenly must have set them: None, None when the split is even; else the remainder goes to

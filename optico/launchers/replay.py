@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from optico.launchers.base import Launcher, ProgressCallback
-from optico.perfmodel.flops import flops_per_iteration
+from optico.flops import flops_per_iteration
 from optico.replay_csv import ReplayDefaults, ReplayRow, matches, measured_mfu, read_replay_csv
 from optico.strategy import Strategy
 from optico.trial import FailureCategory, LaunchResult, Metrics

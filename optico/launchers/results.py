@@ -167,7 +167,7 @@ def _head_first(block: str) -> str:
 
 def _metrics(workload: Workload, step: float, tflops: float | None, mfu: float | None, tokens: float | None,
              tp: int = 1, **mem: float | None) -> Metrics:
-    from optico.perfmodel.flops import flops_per_iteration
+    from optico.flops import flops_per_iteration
 
     if tflops is None:  # Megatron-LM without --log-throughput: its model FLOPs, ours
         tflops = flops_per_iteration(workload, tp) / (step * 1e12 * workload.world_size)

@@ -441,7 +441,7 @@ class _Run:
         import torch
         import torch.distributed as dist
 
-        from optico.perfmodel.flops import flops_per_iteration
+        from optico.flops import flops_per_iteration
 
         self.phase = "report"
         plan, w, cuda = self.plan, self.spec.workload, self.device == "cuda"
