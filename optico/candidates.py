@@ -16,13 +16,15 @@ still sees every single change, and a configuration off the lattice is reached f
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optico.parallel import ParallelDims
 from optico.rules import RULES, Rule, is_valid
-from optico.search_space import SearchSpace
 from optico.strategy import FIELDS, Strategy
 from optico.workload import Workload
+
+if TYPE_CHECKING:  # the space calls into this module (SearchSpace.enumerate), never the other way
+    from optico.search_space import SearchSpace
 
 # Knobs whose domains are long ordered ranges: thinned on the coarse lattice.
 FINE_KNOBS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "recompute_num_layers",

@@ -371,7 +371,7 @@ KNOBS: tuple[Knob, ...] = (
                             ("expert_model_parallel_size", "expert_tensor_parallel_size", "tensor_model_parallel_size"),
                             "megatron-core at run time (MoEFlexTokenDispatcher)"),),
          effect="all-to-all sends each token to its top-k experts only; allgather moves every token to every "
-                "EP rank", terms=("ep_comm_s",), probe=({"expert_model_parallel_size": 2}, "alltoall")),
+                "EP rank", terms=("ep_comm_s",), probe=({"expert_model_parallel_size": 4}, "alltoall")),
     Knob("moe_grouped_gemm", "MOE_GROUPED_GEMM", bool, False,
          "Run a rank's local experts as one grouped GEMM instead of a loop.",
          flags=("--moe-grouped-gemm",), render="switch", moe_only=True, tunable=True, domain=_moe_bools,
@@ -386,8 +386,8 @@ KNOBS: tuple[Knob, ...] = (
          layout=True, tunable=True, domain=_etp_domain, similarity=0.7,
          mcore=("transformer", "expert_tensor_parallel_size"),
          effect="splits each expert's GEMMs by ETP (smaller, less efficient GEMMs, TP traffic in the experts); "
-                "sets the expert data-parallel size world/(ETP·EP·PP) that shards expert optimizer state",
-         terms=("compute_s", "optimizer_gib"),
+                "sets the expert data-parallel size world/(ETP·EP·PP) over which expert gradients are reduced",
+         terms=("compute_s", "weights_gib"),
          probe=({"tensor_model_parallel_size": 2, "sequence_parallel": True, "expert_model_parallel_size": 2,
                  "use_distributed_optimizer": True}, 1)),
     Knob("overlap_moe_expert_parallel_comm", "EP_COMM_OVERLAP", bool, False,
@@ -414,16 +414,15 @@ KNOBS: tuple[Knob, ...] = (
          flags=("--account-for-embedding-in-pipeline-split",), render="switch", since=2, layout=True,
          domain=_bools, mcore=("transformer", "account_for_embedding_in_pipeline_split"),
          requires=(_SPLIT_VS_UNEVEN,),
-         effect="one layer fewer on the first stage", terms=("activations_gib",),
-         probe=({"pipeline_model_parallel_size": 3}, True)),
+         # No single-knob probe: switching it alone always breaks a split that was valid (L vs L+1).
+         effect="one layer fewer on the first stage", terms=("activations_gib",)),
     Knob("account_for_loss_in_pipeline_split", "LOSS_IN_PP_SPLIT", bool, False,
          "Count the output layer and loss as one layer when splitting layers over pipeline stages (the last "
          "stage builds one transformer layer less).",
          flags=("--account-for-loss-in-pipeline-split",), render="switch", since=2, layout=True,
          domain=_bools, mcore=("transformer", "account_for_loss_in_pipeline_split"),
          requires=(_SPLIT_VS_UNEVEN,),
-         effect="one layer fewer on the last stage", terms=("compute_s",),
-         probe=({"pipeline_model_parallel_size": 3}, True)),
+         effect="one layer fewer on the last stage", terms=("compute_s",)),
     Knob("cpu_offloading_num_layers", "AC_OFFLOAD_LAYERS", NonNegativeInt, 0,
          "Activation offloading: the activations of this many layers go to host memory during the forward "
          "pass and come back for the backward (the paper's AC=offload). 0 = off.",
@@ -449,9 +448,10 @@ NAMES: tuple[str, ...] = tuple(BY_NAME)
 PAPER_NAMES: dict[str, str] = {k.name: k.paper for k in KNOBS}
 ALIASES: dict[str, str] = {alias: k.name for k in KNOBS for alias in k.aliases}
 _FROM_PAPER = {k.paper.lower(): k.name for k in KNOBS}
-# Knobs that no longer exist, with the value they had by default: stored rows that name them still
-# read (the value is dropped), and version-1 signatures hash them at this value (none so far).
-RETIRED: dict[str, Any] = {}
+# Knobs that no longer exist: name -> (the default they had, the signature schema that added them).
+# Stored rows that name them still read (the value is dropped); a retired knob of schema 1 is
+# hashed at its default, as schema 1 did, so signatures stay what they were. None so far.
+RETIRED: dict[str, tuple[Any, int]] = {}
 
 
 def canonical_name(name: str) -> str:

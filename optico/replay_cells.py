@@ -94,10 +94,12 @@ def parse_distributed_optimizer(cell: str | None) -> Any:
     if _FSDP.search(low):
         raise CellError(f"{text!r}: Megatron-FSDP / ZeRO-2/3 shard more than the optimizer; not a Strategy option")
     main = _main(text)
+    if re.search(r"zero[- _]?(stage[- _]?)?1\b|^stage[- _]?1\b", main):
+        return True
+    if re.search(r"zero[- _]?(stage[- _]?)?0\b|^stage[- _]?0\b", main) or main in _NOT_SHARDED:
+        return False
     if main in _DISTRIBUTED_OPTIMIZER or any(main.startswith(s) for s in _DISTRIBUTED_OPTIMIZER):
         return True
-    if main in _NOT_SHARDED:
-        return False
     return parse_bool(text)
 
 

@@ -410,13 +410,13 @@ def _build_model(p: _Parse, ints: dict[str, int | None], args: dict[str, str] | 
     if preset is None and by_name is not None and by_name.multi_latent_attention + by_name.is_hybrid \
             and (by_name.num_layers, by_name.hidden_size) == (arch.num_layers, arch.hidden_size):
         preset = by_name  # MLA / hybrid rows: the dimensions agree, the ranks and patterns come from the preset
+    if special and (preset is None or not (preset.multi_latent_attention or preset.is_hybrid)):
+        p.problems.append(f"{special} without a preset that matches the row (add one to optico.workload.PRESETS)")
+        return None
     if preset is not None:
         if preset.multi_latent_attention or preset.is_hybrid or preset.mtp_num_layers:
             p.inferred.append(f"architecture details (MLA ranks, layer pattern, MTP) from preset {preset.name}")
         return ModelArch.model_validate({**preset.model_dump(), **explicit})
-    if special:
-        p.problems.append(f"{special} without a preset that matches the row (add one to optico.workload.PRESETS)")
-        return None
     return arch
 
 
@@ -632,7 +632,12 @@ def _layout_problems(w: Workload, s: Strategy, dp_cell: int | None, p: _Parse) -
     broken = [v for v in violations(w, s) if not (approximate and "pipeline_model_parallel_size" in v.params
                                                    and "divisible by PP" in v.message)]
     if broken and p.unknown:
-        return out  # the unknowns may still have a valid value: `variants` keeps only those
+        # The unknowns may still have a valid value (`variants` keeps only those); if none does, say so.
+        probe = ReplayRow(file="", line=0, model_name="", workload=w, strategy=s, result="ok", unknown=p.unknown)
+        if variants(probe, limit=1):
+            return out
+        return out + [f"no value of the unknown cell(s) {', '.join(p.unknown)} passes Megatron's checks "
+                      f"(e.g. rejected by optico.rules: {broken[0].message})"]
     out += [f"rejected by optico.rules: {v.message}" for v in broken]
     return out
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
-from optico.launchers.program import ProgramSpec
+from optico.programs import ProgramSpec
 from optico.perfmodel.constants import load_constants
 from optico.rules import violations
 from optico.search_space import SearchSpace

@@ -11,11 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from optico.knobs import ALIASES, BY_NAME, KNOBS, PAPER_NAMES, RETIRED, SIGNATURE_BASE_VERSION, canonical_name
+from optico.knobs import ALIASES, BY_NAME, KNOBS, PAPER_NAMES, RETIRED, SIGNATURE_BASE_VERSION, Knob, canonical_name
 
 __all__ = ["Strategy", "FIELDS", "ALIASES", "PAPER_NAMES", "canonical_field", "strategy_from_mapping",
            "display_value"]
@@ -30,12 +30,18 @@ class _StrategyBase(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # Set by `strategy_class` from the registry: what the signature hashes, what rows may still name.
+    _always_hashed: ClassVar[tuple[str, ...]] = ()
+    _hashed_if_set: ClassVar[dict[str, Any]] = {}
+    _retired: ClassVar[frozenset[str]] = frozenset()
+    _retired_hashed: ClassVar[dict[str, Any]] = {}
+
     @model_validator(mode="before")
     @classmethod
     def _canonical(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        data = {k: v for k, v in data.items() if k not in RETIRED}  # rows naming a removed knob still read
+        data = {k: v for k, v in data.items() if k not in cls._retired}  # rows naming a removed knob still read
         if data.get("virtual_pipeline_model_parallel_size") == 1:
             data["virtual_pipeline_model_parallel_size"] = None
         if data.get("recompute_granularity") != "full":
@@ -113,9 +119,10 @@ class _StrategyBase(BaseModel):
         # adding a knob leaves every stored signature as it was (and retired ones hash at the value
         # they had then).
         data = self.model_dump(mode="json")
-        payload = {name: data[name] for name in _ALWAYS_HASHED}
-        payload.update({name: data[name] for name, default in _HASHED_IF_SET.items() if data[name] != default})
-        payload.update(_RETIRED_JSON)
+        cls = type(self)
+        payload = {name: data[name] for name in cls._always_hashed}
+        payload.update({name: data[name] for name, default in cls._hashed_if_set.items() if data[name] != default})
+        payload.update(cls._retired_hashed)
         text = json.dumps(payload, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
@@ -173,18 +180,25 @@ def _json(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-_ALWAYS_HASHED = tuple(k.name for k in KNOBS if k.since <= SIGNATURE_BASE_VERSION)
-_HASHED_IF_SET = {k.name: _json(k.default) for k in KNOBS if k.since > SIGNATURE_BASE_VERSION}
-_RETIRED_JSON = {name: _json(value) for name, value in RETIRED.items()}
+def strategy_class(knobs: tuple[Knob, ...], retired: dict[str, tuple[Any, int]]) -> type[_StrategyBase]:
+    """The Strategy model of a registry: one field per knob, the signature schema, the retired names.
+    (The project has one registry; tests build others to show what adding or removing a knob does.)"""
+    cls = create_model(  # type: ignore[call-overload]
+        "Strategy",
+        __base__=_StrategyBase,
+        __module__=__name__,
+        **{k.name: (k.annotation, Field(k.default, description=k.doc)) for k in knobs},
+    )
+    cls.__doc__ = _StrategyBase.__doc__
+    cls._always_hashed = tuple(k.name for k in knobs if k.since <= SIGNATURE_BASE_VERSION)
+    cls._hashed_if_set = {k.name: _json(k.default) for k in knobs if k.since > SIGNATURE_BASE_VERSION}
+    cls._retired = frozenset(retired)
+    cls._retired_hashed = {name: _json(default) for name, (default, since) in retired.items()
+                           if since <= SIGNATURE_BASE_VERSION}
+    return cls
 
 
-Strategy = create_model(  # type: ignore[call-overload]
-    "Strategy",
-    __base__=_StrategyBase,
-    __module__=__name__,
-    **{k.name: (k.annotation, Field(k.default, description=k.doc)) for k in KNOBS},
-)
-Strategy.__doc__ = _StrategyBase.__doc__
+Strategy = strategy_class(KNOBS, RETIRED)
 
 FIELDS: tuple[str, ...] = tuple(Strategy.model_fields)
 
@@ -202,7 +216,7 @@ def strategy_from_mapping(data: dict[str, Any]) -> "Strategy":
     'recompute: none' is accepted for no recompute; retired knobs are dropped."""
     resolved: dict[str, Any] = {}
     for raw_key, value in data.items():
-        if str(raw_key) in RETIRED:
+        if str(raw_key) in RETIRED:  # a knob that no longer exists: its value means nothing now
             continue
         key = canonical_field(str(raw_key))
         if key == "recompute_granularity" and isinstance(value, str) and value.lower() in ("none", "no", "off"):

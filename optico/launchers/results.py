@@ -144,7 +144,7 @@ def _root_error(collector: OutputCollector) -> str | None:
     """The first exception line that is a cause rather than a consequence: torchrun's
     ChildFailedError and a peer's lost connection or timeout come after the error that
     caused them, so a first error of another kind wins."""
-    from optico.agents.failure import first_error
+    from optico.logscan import first_error
 
     candidates = []
     for block in collector.errors:
