@@ -173,22 +173,48 @@ class ParallelDims:
         return out
 
     def infer_uneven(self, num_layers: int) -> tuple[int | None, int | None]:
-        """(first, last) that make `num_layers` split over PP stages, as a run that did not divide
-        evenly must have set them: None, None when the split is even; else the remainder goes to
-        the first and last stages (layers // PP on the middle ones), as public MoE recipes do
-        (61 layers on PP 8: middle stages 7, first 9, last 10). The first stage takes the smaller
-        share: it also holds the embedding and the most micro-batches in flight."""
+        """(first, last) that make `num_layers` split over PP stages when it does not divide evenly:
+        the middle stages take ceil(layers / PP) (rounded to VPP) and the end stages share the rest,
+        the first the smaller part (it also holds the embedding and the most micro-batches in
+        flight) — 61 layers on PP 8: middle 8, first 6, last 7. (None, None) when the split is even
+        or no such pair exists."""
         pp, vpp = self.pp, self.vpp
         if pp == 1 or num_layers % pp == 0:
             return None, None
-        per = num_layers // pp
-        per -= per % vpp
-        for middle in range(per, 0, -vpp):
-            rest = num_layers - middle * (pp - 2)
+        if pp == 2:
+            per = -(-num_layers // 2)
+            first = (num_layers - per) // vpp * vpp
+            return (first, num_layers - first) if first > 0 and (num_layers - first) % vpp == 0 else (None, None)
+        middle = -(-num_layers // pp)
+        middle += (-middle) % vpp
+        for per in range(middle, 0, -vpp):
+            rest = num_layers - per * (pp - 2)
             if rest < 2 * vpp:
                 continue
-            first = (rest // 2) - (rest // 2) % vpp
+            first = rest // 2 // vpp * vpp
             last = rest - first
-            if first > 0 and last > 0 and last % vpp == 0:
+            if first > 0 and last % vpp == 0:
                 return first, last
         return None, None
+
+    def infer_split(self, num_layers: int, allowed: set[str] | None = None) -> dict[str, int | bool]:
+        """The knobs a run must have set when `num_layers` does not divide by PP: the embedding and
+        the loss counted in the split when that makes it even (Megatron-Bridge's recipes for
+        Llama 3.1 405B: 126 + 2 over PP 8 or 16), else one of them, else uneven first/last stages.
+        {} when the split is even or nothing fits. `allowed` limits the knobs it may set."""
+        if self.pp == 1 or not self.split_errors(num_layers):
+            return {}
+        ok = (lambda names: allowed is None or set(names) <= allowed)
+        for emb, loss in ((True, True), (False, True), (True, False)):
+            names = [n for n, on in (("account_for_embedding_in_pipeline_split", emb),
+                                     ("account_for_loss_in_pipeline_split", loss)) if on]
+            if not ok(names):
+                continue
+            counted = ParallelDims(self.world, self.tp, self.pp, self.cp, self.ep, self.etp, self.vpp,
+                                   embedding_in_split=emb, loss_in_split=loss)
+            if not counted.split_errors(num_layers):
+                return {"account_for_embedding_in_pipeline_split": emb, "account_for_loss_in_pipeline_split": loss}
+        first, last = self.infer_uneven(num_layers)
+        if first is None or not ok(["decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"]):
+            return {}
+        return {"decoder_first_pipeline_num_layers": first, "decoder_last_pipeline_num_layers": last}

@@ -47,20 +47,16 @@ def _holds(req, s: Strategy, workload: Workload | None) -> bool:
 
 
 def _uneven_split(s: Strategy, space: SearchSpace, w: Workload) -> Strategy:
-    first, last = "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"
+    """The split Megatron needs for a PP that does not divide the layers (`ParallelDims.infer_split`),
+    when the space lets those knobs move."""
     dims = ParallelDims.of(s, w.world_size)
-    if not dims.split_errors(w.model.num_layers) or first in space.fixed or last in space.fixed:
+    if not dims.split_errors(w.model.num_layers):
         return s
-    a, b = dims.infer_uneven(w.model.num_layers)
-    if a is None:
+    split = dims.infer_split(w.model.num_layers, allowed=set(space.tunables))
+    if not split or any(v not in space.tunables[k] for k, v in split.items()):
         return s
     try:
-        return s.changed(**{first: a, last: b})
+        fixed = s.changed(**split)
     except ValueError:
         return s
-
-
-def apply_changes(reference: Strategy, changes: dict[str, Any], space: SearchSpace,
-                  workload: Workload | None = None) -> Strategy:
-    """The reference with `changes` applied and coupled flags repaired."""
-    return repair(reference.changed(**changes), space, workload)
+    return fixed if not ParallelDims.of(fixed, w.world_size).split_errors(w.model.num_layers) else s

@@ -22,8 +22,9 @@ Rules that are decisions rather than parsing, in one place:
   gbs / (DP·GA) when the notes state the gradient accumulation (GA=8); ETP from the notes
   ("ETP=4"); the architecture from a preset (`optico.workload.PRESETS`) whose name the model
   name contains when the row gives no dimensions (MLA and hybrid models need one: their
-  ranks and layer patterns are no column); uneven first/last stages when the layers do not
-  divide by PP (`ParallelDims.infer_uneven`, the split Megatron needs).
+  ranks and layer patterns are no column); when the layers do not divide by PP, the split
+  Megatron needs (`ParallelDims.infer_split`: the embedding and loss counted in the split if
+  that makes it even, as the 405B recipes do, else uneven first/last stages).
 - Gated MLP (SwiGLU): a row is SwiGLU when its model name or notes say "swiglu"; else it
   is not when ffn_hidden_size == 4·hidden_size (GPT-3's GeLU MLP, Megatron-LM's default
   width) or when the model name is a GPT-3-style or Nemotron name ("GPT", "gpt3",
@@ -161,8 +162,8 @@ class ReplayDefaults(BaseModel):
         True, description="Rows from NeMo, Megatron-Bridge and DGX Cloud recipes (named in their source) take "
                           "those recipes' settings for knobs the table leaves out: sequence parallel with TP > 1, "
                           "overlapped grad reduce and param gather, gradients reduced in bf16 "
-                          "(their performance scripts set grad_reduce_in_fp32 = False), ETP 1 for MoE "
-                          "(their MoE recipes fold experts: expert_tensor_parallel_size = 1).")
+                          "(their performance scripts set grad_reduce_in_fp32 = False), and for MoE models "
+                          "their expert settings: ETP 1 (experts folded), grouped GEMM, the all-to-all dispatcher.")
     ffn_hidden_ratio: PositiveInt = Field(
         4, description="ffn_hidden_size = ratio x hidden_size: Megatron-LM's default without --ffn-hidden-size.")
     context_parallel_size: PositiveInt = 1
@@ -481,8 +482,8 @@ def _build_strategy(p: _Parse, ints: dict[str, int | None], args: dict[str, str]
     )
     if recipe:
         data["overlap_grad_reduce"] = data["overlap_param_gather"] = data["use_distributed_optimizer"]
-        if model.is_moe:
-            data["expert_tensor_parallel_size"] = 1
+        if model.is_moe:  # the recipes' MoE settings: experts folded (ETP 1), grouped GEMM, all-to-all
+            data.update(expert_tensor_parallel_size=1, moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall")
     etp = ints["etp"] or _note_int(p.text("notes"), "ETP")
     if etp and model.is_moe:
         data["expert_tensor_parallel_size"] = etp
@@ -537,19 +538,18 @@ def _world_and_batch(p: _Parse, ints: dict[str, int | None], s: Strategy) -> tup
 
 
 def _uneven(p: _Parse, w: Workload, s: Strategy) -> Strategy:
-    """The uneven first/last split Megatron needs when the layers do not divide by PP and the row
-    states none; a split no first/last pair can express is approximated (and said so)."""
-    if s.decoder_first_pipeline_num_layers or s.decoder_last_pipeline_num_layers or s.pp == 1:
+    """The split Megatron needs when the layers do not divide by PP and the row states none
+    (`ParallelDims.infer_split`); a split nothing expresses is approximated, and said so."""
+    if s.decoder_first_pipeline_num_layers or s.decoder_last_pipeline_num_layers or s.pp == 1 \
+            or s.account_for_embedding_in_pipeline_split or s.account_for_loss_in_pipeline_split:
         return s
-    dims = ParallelDims.of(s, w.world_size)
-    if not dims.split_errors(w.model.num_layers):
-        return s
-    first, last = dims.infer_uneven(w.model.num_layers)
-    if first is not None:
-        p.inferred.append(f"uneven pipeline split inferred: first {first}, last {last} layers")
-        return s.changed(decoder_first_pipeline_num_layers=first, decoder_last_pipeline_num_layers=last)
-    p.inferred.append("pipeline layout not expressible by first/last stages (Megatron's "
-                      "--pipeline-model-parallel-layout): stage sizes approximated")
+    split = ParallelDims.of(s, w.world_size).infer_split(w.model.num_layers)
+    if split:
+        p.inferred.append("pipeline split inferred: " + ", ".join(f"{k}={v}" for k, v in split.items()))
+        return s.changed(**split)
+    if ParallelDims.of(s, w.world_size).split_errors(w.model.num_layers):
+        p.inferred.append("pipeline layout not expressible by first/last stages or the embedding/loss split "
+                          "(Megatron's --pipeline-model-parallel-layout): stage sizes approximated")
     return s
 
 
@@ -822,6 +822,19 @@ def measured_mfu(row: ReplayRow, workload: Workload | None = None, strategy: Str
         return row.tokens_per_s_per_gpu * flops_per_iteration(w, s.tp) / (w.global_batch_size * w.seq_length) \
             / (peak * 1e12)
     return None
+
+
+_SOFTWARE = re.compile(r"\brelease\s+[\w.]+|\bcontainer\s+[^;,()]+|\bNeMo\s+\d+\.\d+[\w.]*|golden_values_\w+|"
+                       r"\bcommit\s+[0-9a-f]{7,}", re.IGNORECASE)
+
+
+def software(row: ReplayRow) -> str:
+    """The software a row was measured with, as its source or notes name it ('release 26.08',
+    'container NeMo 24.07', a golden-values file, a commit); '' when they do not say. Rankings
+    compare configurations measured with the same software: a newer release of the same recipe
+    is faster without any knob changing."""
+    found = _SOFTWARE.search(f"{row.notes} {row.source}")
+    return found.group(0).strip().lower() if found else ""
 
 
 def replayable(row: ReplayRow) -> bool:

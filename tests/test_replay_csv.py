@@ -406,6 +406,11 @@ def test_presets_by_name_and_notes(tmp_path: Path) -> None:
 def test_uneven_split_is_inferred(tmp_path: Path) -> None:
     row = one(tmp_path, model="x-30", num_layers="30", vocab_size="50257", pp="4", gbs="128", num_gpus="8",
               tp="2")
-    s = row.strategy
-    assert row.usable and s.decoder_first_pipeline_num_layers and s.decoder_last_pipeline_num_layers
-    assert s.decoder_first_pipeline_num_layers + s.decoder_last_pipeline_num_layers + 2 * 7 == 30
+    from optico.parallel import ParallelDims
+
+    s = row.strategy  # 30 + 2 = 32 over PP 4: the embedding and the loss counted in the split
+    assert row.usable and s.account_for_embedding_in_pipeline_split and s.account_for_loss_in_pipeline_split
+    assert ParallelDims.of(s, 8).stage_layers(30) == [7, 8, 8, 7]
+    odd = one(tmp_path, model="x-29", num_layers="29", vocab_size="50257", pp="4", gbs="128", num_gpus="8", tp="2")
+    s = odd.strategy  # 29: no counting makes it even: middle stages 8, first 6, last 7
+    assert odd.usable and (s.decoder_first_pipeline_num_layers, s.decoder_last_pipeline_num_layers) == (6, 7)

@@ -3,8 +3,9 @@
 Per file and overall: fit/OOM classification accuracy, MFU median absolute
 percentage error, peak-memory median APE, and the Spearman rank correlation of MFU
 among rows of the same workload (the figure a tuner cares about: does the model
-order configurations right). Rows whose inputs are incomplete are skipped and
-counted with their reason.
+order configurations right; measured with the same software — a newer release of a recipe is
+faster with no knob changed). Rows whose inputs are incomplete are skipped and counted with
+their reason.
 
 Rows read with unknown cells (`ReplayRow.unknown`: a micro-batch, a GPU count the source does
 not give) are predicted for every plausible value; a figure is scored only where those
@@ -32,7 +33,7 @@ from scipy.stats import spearmanr
 
 from optico.perfmodel.constants import Constants, load_constants
 from optico.perfmodel.model import Prediction, predict
-from optico.replay_csv import ReplayRow, measured_mfu, read_replay_csv, tuned_throughput, variants
+from optico.replay_csv import ReplayRow, measured_mfu, read_replay_csv, software, tuned_throughput, variants
 
 
 @dataclass
@@ -158,7 +159,8 @@ def row_figures(row: ReplayRow, c: Constants) -> RowFigures:
                 meas_mfu = pred_mfu = None
     if row.result == "ok" and row.mem_max_gib:
         mem = _agreed([_memory_as_measured(row, p) for _, _, p in preds])
-    key = row.workload.key() if not row.unknown else f"{row.where}"
+    # Configurations are ranked against others of the same workload measured with the same software.
+    key = f"{row.workload.key()}|{software(row)}" if not row.unknown else f"{row.where}"
     return RowFigures(fits, pred_mfu, meas_mfu, mem, key)
 
 
