@@ -22,7 +22,8 @@ def repair(s: Strategy, space: SearchSpace, workload: Workload | None = None) ->
     """Resets knobs whose couplings (`Knob.requires` in optico.knobs) the new values break — SP off at
     TP 1, param-gather overlap off without the distributed optimizer, VPP dropped at PP 1 — unless
     the space fixes them; with `workload`, a PP that does not divide the layers gets the uneven
-    first/last split Megatron needs when the space lets those knobs move."""
+    split Megatron needs (the embedding/loss counted, or uneven first/last stages) when the space
+    lets those knobs move."""
     for _ in range(len(KNOBS)):  # each pass resets at least one knob, or stops
         fixes: dict[str, Any] = {}
         for k in KNOBS:
@@ -60,3 +61,9 @@ def _uneven_split(s: Strategy, space: SearchSpace, w: Workload) -> Strategy:
     except ValueError:
         return s
     return fixed if not ParallelDims.of(fixed, w.world_size).split_errors(w.model.num_layers) else s
+
+
+def apply_changes(reference: Strategy, changes: dict[str, Any], space: SearchSpace,
+                  workload: Workload | None = None) -> Strategy:
+    """The reference with `changes` applied and coupled flags repaired."""
+    return repair(reference.changed(**changes), space, workload)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from optico.agents.contracts import GenerationInput, GenerationOutput, Proposal
-from optico.repair import apply_changes, repair  # noqa: F401  (repair: re-exported for callers)
+from optico.repair import apply_changes, repair  # noqa: F401  (re-exported: callers import them here)
 
 
 class RulesGeneration:
