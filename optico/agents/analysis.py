@@ -19,6 +19,7 @@ from optico.agents.contracts import (
     Suggestion,
 )
 from optico.guard import Guard
+from optico.knobs import BY_NAME
 from optico.parallel import ParallelDims
 from optico.perfmodel.bottleneck import Bottleneck
 from optico.perfmodel.online import JobModel
@@ -91,9 +92,20 @@ def _reason(ref_pred, cand_pred, changes: list[Change]) -> str:
         bits.append(f"CP exchange takes {t.cp_comm_s / step:.0%}")
     if "expert_model_parallel_size" in params or "moe_token_dispatcher_type" in params:
         bits.append(f"EP all-to-all takes {t.ep_comm_s / step:.0%}")
+    for name in sorted(params):  # any other knob: the time terms the registry says it moves
+        for term in (BY_NAME[name].terms if name in BY_NAME else ()):
+            label = _TERMS.get(term)
+            if label and not any(b.startswith(label) for b in bits):
+                bits.append(f"{label} takes {getattr(t, term) / step:.0%}")
     if not bits:
         bits.append(f"bottleneck {ref_pred.bottleneck.value}")
     return "; ".join(bits)
+
+
+_TERMS = {"compute_s": "compute", "recompute_s": "recompute", "tp_comm_s": "TP collectives",
+          "cp_comm_s": "CP exchange", "ep_comm_s": "EP all-to-all", "p2p_s": "pipeline p2p",
+          "pp_bubble_s": "pipeline bubble and imbalance", "dp_comm_s": "exposed DP sync",
+          "offload_s": "activation offload copies"}
 
 
 class RulesAnalysis:
