@@ -9,7 +9,6 @@ from pathlib import Path
 
 from optico.candidates import candidate_pool, valid_strategies
 from optico.rules import violations
-from optico.search_space import SearchSpace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from iteration_time import large_spec, measure  # noqa: E402

@@ -21,6 +21,11 @@ from optico.programs import PLACEHOLDERS, MegatronCoreProgram, MegatronLMProgram
 from optico.strategy import Strategy
 from optico.workload import Workload
 
+# The program types live in optico.programs (the spec names them without importing launchers);
+# they are re-exported here for the launchers' callers.
+__all__ = ["PLACEHOLDERS", "SPEC_FILE", "MegatronCoreProgram", "MegatronLMProgram", "PreparedRun", "ProgramSpec",
+           "StepLimits", "node_layout", "prepare"]
+
 SPEC_FILE = "bench-spec.json"
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
 
-from optico.paths import ENV_HOME, default_data_dir  # re-exported: the data directory lives in optico.paths
+from optico.paths import ENV_HOME, default_data_dir  # noqa: F401  (re-exported; they live in optico.paths)
 
 ENV_URL = "OPTICO_DATABASE_URL"
 

@@ -61,7 +61,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
+from pydantic import Field, NonNegativeInt, field_validator
 
 from optico.launchers.megatron import report
 from optico.programs import StepLimits
