@@ -8,6 +8,7 @@ assignment as soon as the fields it reads are set, so the full product is never 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -91,6 +92,8 @@ class SearchSpace(BaseModel):
 
     def outside(self, s: Strategy) -> list[str]:
         """Reasons `s` is outside the space (empty when inside)."""
+        if self._inside_fast(s):
+            return []
         reasons = []
         defaults = Strategy()
         for field in FIELDS:
@@ -107,6 +110,26 @@ class SearchSpace(BaseModel):
                     reasons.append(f"{field} is fixed at {display_value(field, expected)}, "
                                    f"got {display_value(field, value)}")
         return reasons
+
+    def _inside_fast(self, s: Strategy) -> bool:
+        """The common case, cheaply: every field at an allowed value (the guard asks for every candidate)."""
+        allowed = self._allowed
+        return all(getattr(s, f) in values for f, values in allowed.items())
+
+    @cached_property
+    def _allowed(self) -> dict[str, list[Any]]:
+        """Per field, the values `outside` accepts without looking further (recompute details and
+        an untuned ETP are checked the slow way)."""
+        defaults = Strategy()
+        out: dict[str, list[Any]] = {}
+        for field in FIELDS:
+            if field in self.tunables:
+                out[field] = list(self.tunables[field])
+            elif field in ("recompute_method", "recompute_num_layers") and not self._pins(field):
+                continue
+            else:
+                out[field] = [self.fixed.get(field, getattr(defaults, field))]
+        return out
 
     def _pins(self, field: str) -> bool:
         return field in self.fixed

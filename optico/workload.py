@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import cached_property
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
@@ -117,7 +118,7 @@ class ModelArch(BaseModel):
     def dense_ffn_widths(self) -> list[tuple[str, int]]:
         """GEMM widths split over TP (not ETP): the dense MLP where the model has one, the shared
         expert. Megatron's column-parallel layers need them divisible by TP."""
-        kinds = set(self.layer_kinds())
+        kinds = set(self._layer_kinds)
         out = []
         if any(mlp == "dense" for _, mlp in kinds):
             out.append(("ffn_hidden_size", self.ffn_hidden_size))
@@ -128,6 +129,13 @@ class ModelArch(BaseModel):
     # -- layers --------------------------------------------------------------------------------
     def layer_kinds(self) -> list[LayerKind]:
         """(mixer, mlp) of every layer, in order."""
+        return list(self._layer_kinds)
+
+    @cached_property
+    def _layer_kinds(self) -> tuple[LayerKind, ...]:
+        return tuple(self._compute_layer_kinds())
+
+    def _compute_layer_kinds(self) -> list[LayerKind]:
         if self.hybrid_override_pattern is not None:
             return [_HYBRID[c] for c in self.hybrid_override_pattern]
         mixer = "mla" if self.multi_latent_attention else "attention"
