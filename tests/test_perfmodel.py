@@ -177,3 +177,18 @@ def test_calibrate_names_a_bad_field_and_a_missing_holdout(tmp_path):
     missing = subprocess.run(optico_cmd("perfmodel", "calibrate", "--data", str(PACKAGED_OPTICO_CSV), "--holdout",
                                         str(tmp_path / "no.csv")), capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "--holdout: no such file" in missing.stderr
+
+
+def test_evaluate_skips_a_bad_row_unless_strict(tmp_path):
+    """A bad row is skipped and reported with file:line; --strict makes it an error (exit 2)."""
+    rows = PACKAGED_OPTICO_CSV.read_text().splitlines()
+    bad = rows[2].replace(",8,", ",banana,", 1)  # a cell no reading can place
+    path = tmp_path / "bad.csv"
+    path.write_text("\n".join([rows[0], rows[1], bad.replace("ok", "exploded", 1)]) + "\n")
+    proc = subprocess.run(optico_cmd("perfmodel", "evaluate", "--json", "--data", str(path)),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["files"]["bad.csv"]["skipped"] == 1
+    strict = subprocess.run(optico_cmd("perfmodel", "evaluate", "--strict", "--data", str(path)),
+                            capture_output=True, text=True, timeout=300)
+    assert strict.returncode == 2 and "bad.csv:3:" in strict.stderr
