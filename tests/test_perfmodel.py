@@ -192,3 +192,19 @@ def test_evaluate_skips_a_bad_row_unless_strict(tmp_path):
     strict = subprocess.run(optico_cmd("perfmodel", "evaluate", "--strict", "--data", str(path)),
                             capture_output=True, text=True, timeout=300)
     assert strict.returncode == 2 and "bad.csv:3:" in strict.stderr
+
+
+def test_leave_one_source_out_scores_each_file_with_constants_fitted_without_it():
+    """A tiny run (two files, one constant, three evaluations): each fold's constants differ from
+    a fit on everything, and the pooled figures gather every held-out file's rows."""
+    from optico.perfmodel.calibrate import calibrate, leave_one_source_out
+    from optico.perfmodel.constants import Constants
+
+    h100 = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h100-llama-1b.csv"
+    files = [PACKAGED_OPTICO_CSV, h100]
+    report = leave_one_source_out(files, max_nfev=3, fields=["mem_overhead_gib"])
+    assert set(report["files"]) == {"optico_llama3_8b_a100.csv", "h100-llama-1b.csv"}
+    assert report["overall"]["rows"] == sum(f["rows"] for f in report["files"].values())
+    both = calibrate(files, start=Constants(), fields=["mem_overhead_gib"], max_nfev=3).constants
+    held_out = {name: c["mem_overhead_gib"] for name, c in report["constants"].items()}
+    assert any(abs(v - both.mem_overhead_gib) > 1e-6 for v in held_out.values())

@@ -168,7 +168,8 @@ def _robust_cost(r: np.ndarray) -> float:
 
 
 def leave_one_source_out(paths: list[str | Path], start: Constants | None = None, max_nfev: int = 40,
-                         prior: float = PRIOR, progress: Any = None) -> dict[str, Any]:
+                         prior: float = PRIOR, progress: Any = None, fields: list[str] | None = None
+                         ) -> dict[str, Any]:
     """Leave-one-source-out cross-validation: for each file, fit on all the others (from `start`,
     by default the uncalibrated `Constants()` — never the shipped calibration, which saw every
     file) and score the held-out file with those constants. Returns evaluate's figures per held-out
@@ -178,7 +179,7 @@ def leave_one_source_out(paths: list[str | Path], start: Constants | None = None
     for held_out in paths:
         name = Path(held_out).name
         train = [p for p in paths if p != held_out]
-        result = calibrate(train, start=start, max_nfev=max_nfev, prior=prior)
+        result = calibrate(train, start=start, fields=fields, max_nfev=max_nfev, prior=prior)
         if progress:
             progress(name)
         scores, _ = score_rows(read_replay_csv(held_out), result.constants)
