@@ -54,9 +54,7 @@ class Constants(BaseModel):
     step_overhead_s: float = Field(0.02, ge=0, le=2.0, description="Per iteration: data, logging, sync.")
     activation_scale: float = Field(1.0, ge=0.3, le=2.0, description="Scales the Korthikanti activation count "
                                                                      "(fused kernels keep fewer tensors).")
-    # Default 0: Megatron's 1F1B runs PP - rank - 1 warm-up forwards, so stage `rank` holds exactly
-    # PP - rank micro-batches at its peak; a calibration may find receive buffers or the next input.
-    pp_extra_in_flight: float = Field(0.0, ge=0.0, le=1.5, description="Micro-batches a pipeline stage holds "
+    pp_extra_in_flight: float = Field(1.0, ge=0.0, le=1.5, description="Micro-batches a pipeline stage holds "
                                                                        "beyond 1F1B's PP - rank (receive "
                                                                        "buffers, the next input).")
     logits_bytes: float = Field(10.0, ge=4, le=10, description="Bytes per logit element held at the loss, "
