@@ -126,6 +126,12 @@ class _StrategyBase(BaseModel):
         text = json.dumps(payload, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "Strategy":
+        """A copy (not validated, as pydantic's); the cached signature is the original's, so dropped."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("_signature", None)
+        return copy  # type: ignore[return-value]
+
     def changed(self, **updates: Any) -> "Strategy":
         """A validated copy with `updates` applied (model_copy does not validate)."""
         data = self.model_dump()

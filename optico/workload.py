@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
@@ -134,6 +134,12 @@ class ModelArch(BaseModel):
     @cached_property
     def _layer_kinds(self) -> tuple[LayerKind, ...]:
         return tuple(self._compute_layer_kinds())
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "ModelArch":
+        """A copy; a value cached from the original's fields is dropped, it may not hold for the copy's."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("_layer_kinds", None)
+        return copy
 
     def _compute_layer_kinds(self) -> list[LayerKind]:
         if self.hybrid_override_pattern is not None:
