@@ -21,12 +21,17 @@ class GpuSpec(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     name: str
-    arch: str = Field(description="Generation: volta, ampere, hopper, blackwell — efficiencies differ by it.")
+    arch: str = Field(description="Generation: volta, ampere, ada, hopper, blackwell, cdna3 — efficiencies differ "
+                                  "by it.")
     memory_gib: float = Field(description="Device memory the framework can use, GiB.")
     peak_tflops: dict[str, float] = Field(description="Dense peak TFLOP/s per precision.")
     hbm_gbps: float = Field(description="Memory bandwidth, GB/s.")
     nvlink_gbps: float = Field(description="Intra-node bandwidth per GPU per direction, GB/s.")
     network_gbps: float = Field(description="Inter-node bandwidth per GPU per direction, GB/s.")
+    host_gbps: float = Field(25.0, description="Host-device copy bandwidth per direction, GB/s (PCIe, or the "
+                                               "C2C link of Grace-Hopper/Blackwell superchips): activation "
+                                               "offloading's link.")
+    source: str = Field("", description="Where the figures come from (vendor datasheet).")
 
     def peak(self, precision: str) -> float:
         """Dense peak TFLOP/s for `precision`; fp8 falls back to bf16 where the GPU has none."""
@@ -35,67 +40,119 @@ class GpuSpec(BaseModel):
         return self.peak_tflops["bf16"]
 
 
+_A100 = "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)"
+_A800 = "NVIDIA A800 Tensor Core GPU datasheet (A100 silicon, NVLink limited to 400 GB/s)"
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet (resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet); dense = half the sparse figures"
+_H800 = "NVIDIA H800 Tensor Core GPU datasheet (H100 SXM silicon, NVLink 400 GB/s)"
+_H20 = "NVIDIA H20 product brief (96 GB HBM3, 4.0 TB/s, 148 dense BF16 / 296 FP8 TFLOPS, NVLink 900 GB/s)"
+_H200 = "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200/)"
+_L40S = "NVIDIA L40S datasheet (nvidia.com/en-us/data-center/l40s/): 362 dense BF16, 733 dense FP8 TFLOPS, 48 GB GDDR6, PCIe Gen4"
+_B200 = "NVIDIA HGX B200 datasheet (nvidia.com/en-us/data-center/hgx/): per GPU 2.25 PF dense FP16/BF16, 4.5 PF FP8"
+_GB200 = "NVIDIA GB200 NVL72 datasheet (nvidia.com/en-us/data-center/gb200-nvl72/): 180 PF dense BF16 per 72 GPUs; the DGX Cloud READMEs' MFU formula uses 2450/4900"
+_B300 = "NVIDIA HGX B300 / GB300 NVL72 datasheets (nvidia.com/en-us/data-center/gb300-nvl72/)"
+_MI300X = "AMD Instinct MI300X data sheet (amd.com/en/products/accelerators/instinct/mi300/mi300x.html): 1307.4 dense BF16, 2614.9 dense FP8 TFLOPS, 192 GB HBM3 at 5.3 TB/s, 7 Infinity Fabric links of 64 GB/s per direction"
+_MI325X = "AMD Instinct MI325X data sheet (amd.com/en/products/accelerators/instinct/mi300/mi325x.html): 1307.4 dense BF16, 2614.9 dense FP8 TFLOPS, 256 GB HBM3E at 6 TB/s"
+_V100 = "NVIDIA V100 Tensor Core GPU datasheet (125 TFLOPS tensor, NVLink 300 GB/s)"
+
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in [
         GpuSpec(name="v100-16gb", arch="volta", memory_gib=15.8, peak_tflops={"fp16": 125.0, "bf16": 125.0},
-                hbm_gbps=900, nvlink_gbps=150, network_gbps=12.5),
+                hbm_gbps=900, nvlink_gbps=150, network_gbps=12.5, host_gbps=12, source=_V100),
         GpuSpec(name="v100-32gb", arch="volta", memory_gib=31.7, peak_tflops={"fp16": 125.0, "bf16": 125.0},
-                hbm_gbps=900, nvlink_gbps=150, network_gbps=12.5),
+                hbm_gbps=900, nvlink_gbps=150, network_gbps=12.5, host_gbps=12, source=_V100),
         GpuSpec(name="a100-40gb", arch="ampere", memory_gib=39.4, peak_tflops={"fp16": 312.0, "bf16": 312.0},
-                hbm_gbps=1555, nvlink_gbps=300, network_gbps=25),
+                hbm_gbps=1555, nvlink_gbps=300, network_gbps=25, source=_A100),
         GpuSpec(name="a100-80gb", arch="ampere", memory_gib=79.35, peak_tflops={"fp16": 312.0, "bf16": 312.0},
-                hbm_gbps=2039, nvlink_gbps=300, network_gbps=25),
+                hbm_gbps=2039, nvlink_gbps=300, network_gbps=25, source=_A100),
+        GpuSpec(name="a800-80gb", arch="ampere", memory_gib=79.35, peak_tflops={"fp16": 312.0, "bf16": 312.0},
+                hbm_gbps=2039, nvlink_gbps=200, network_gbps=25, source=_A800),
         GpuSpec(name="h100-sxm", arch="hopper", memory_gib=79.6,
                 peak_tflops={"fp16": 989.0, "bf16": 989.0, "fp8": 1979.0},
-                hbm_gbps=3350, nvlink_gbps=450, network_gbps=50),
+                hbm_gbps=3350, nvlink_gbps=450, network_gbps=50, host_gbps=50, source=_H100),
+        GpuSpec(name="h100-pcie", arch="hopper", memory_gib=79.6,
+                peak_tflops={"fp16": 756.0, "bf16": 756.0, "fp8": 1513.0},
+                hbm_gbps=2000, nvlink_gbps=300, network_gbps=50, host_gbps=50, source=_H100),
+        GpuSpec(name="h800-sxm", arch="hopper", memory_gib=79.6,
+                peak_tflops={"fp16": 989.0, "bf16": 989.0, "fp8": 1979.0},
+                hbm_gbps=3350, nvlink_gbps=200, network_gbps=50, host_gbps=50, source=_H800),
+        GpuSpec(name="h20", arch="hopper", memory_gib=95.0,
+                peak_tflops={"fp16": 148.0, "bf16": 148.0, "fp8": 296.0},
+                hbm_gbps=4000, nvlink_gbps=450, network_gbps=50, host_gbps=50, source=_H20),
         GpuSpec(name="h200", arch="hopper", memory_gib=140.4,
                 peak_tflops={"fp16": 989.0, "bf16": 989.0, "fp8": 1979.0},
-                hbm_gbps=4800, nvlink_gbps=450, network_gbps=50),
+                hbm_gbps=4800, nvlink_gbps=450, network_gbps=50, host_gbps=50, source=_H200),
+        GpuSpec(name="l40s", arch="ada", memory_gib=44.5,
+                peak_tflops={"fp16": 362.0, "bf16": 362.0, "fp8": 733.0},
+                hbm_gbps=864, nvlink_gbps=25, network_gbps=25, source=_L40S),
         GpuSpec(name="b200", arch="blackwell", memory_gib=178.4,
                 peak_tflops={"fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0},
-                hbm_gbps=8000, nvlink_gbps=900, network_gbps=50),
+                hbm_gbps=8000, nvlink_gbps=900, network_gbps=50, host_gbps=50, source=_B200),
         GpuSpec(name="gb200", arch="blackwell", memory_gib=184.0,
                 peak_tflops={"fp16": 2450.0, "bf16": 2450.0, "fp8": 4900.0},
-                hbm_gbps=8000, nvlink_gbps=900, network_gbps=50),
+                hbm_gbps=8000, nvlink_gbps=900, network_gbps=50, host_gbps=450, source=_GB200),
         GpuSpec(name="b300", arch="blackwell", memory_gib=268.0,
                 peak_tflops={"fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0},
-                hbm_gbps=8000, nvlink_gbps=900, network_gbps=100),
+                hbm_gbps=8000, nvlink_gbps=900, network_gbps=100, host_gbps=50, source=_B300),
         GpuSpec(name="gb300", arch="blackwell", memory_gib=275.0,
                 peak_tflops={"fp16": 2450.0, "bf16": 2450.0, "fp8": 4900.0},
-                hbm_gbps=8000, nvlink_gbps=900, network_gbps=100),
+                hbm_gbps=8000, nvlink_gbps=900, network_gbps=100, host_gbps=450, source=_B300),
+        GpuSpec(name="mi300x", arch="cdna3", memory_gib=191.5,
+                peak_tflops={"fp16": 1307.4, "bf16": 1307.4, "fp8": 2614.9},
+                hbm_gbps=5300, nvlink_gbps=448, network_gbps=50, host_gbps=50, source=_MI300X),
+        GpuSpec(name="mi325x", arch="cdna3", memory_gib=255.5,
+                peak_tflops={"fp16": 1307.4, "bf16": 1307.4, "fp8": 2614.9},
+                hbm_gbps=6000, nvlink_gbps=448, network_gbps=50, host_gbps=50, source=_MI325X),
         # Not a GPU: one CPU process of a CPU run (torchrun + gloo, tiny models), so that such runs
         # have an MFU to tune. Nominal figures: the peak is about one x86 server core's bf16 matmul
         # rate (1024^3 GEMM, torch 2.13, one thread: 0.12 TFLOP/s; fp32 0.03), memory a per-process
         # share of a 24 GB host, bandwidths those of host memory and gloo over loopback. Host RSS is
         # no OOM signal, so CPU runs report no device memory.
         GpuSpec(name="cpu", arch="cpu", memory_gib=6.0, peak_tflops={"fp16": 0.1, "bf16": 0.1, "fp8": 0.1},
-                hbm_gbps=20, nvlink_gbps=2, network_gbps=1),
+                hbm_gbps=20, nvlink_gbps=2, network_gbps=1, host_gbps=20, source="nominal (see comment)"),
     ]
 }
 
-# Spellings seen in published tables and in `nvidia-smi` names.
-_ALIASES = {
-    "a100": "a100-80gb",
-    "a100-80g": "a100-80gb",
-    "a100-sxm4-80gb": "a100-80gb",
-    "a100-sxm4-40gb": "a100-40gb",
-    "h100": "h100-sxm",
-    "h100-80gb": "h100-sxm",
-    "h100-80gb-hbm3": "h100-sxm",
-    "h100-sxm5-80gb": "h100-sxm",
-    "h200-141gb": "h200",
-    "v100-sxm2-16gb": "v100-16gb",
-    "v100-sxm2-32gb": "v100-32gb",
-}
+# Words in names as sources write them that say nothing about which catalog entry is meant.
+_NOISE = {"nvidia", "amd", "instinct", "tesla", "sxm", "sxm2", "sxm4", "sxm5", "hgx", "dgx", "gpu", "gpus",
+          "hbm", "hbm2", "hbm2e", "hbm3", "hbm3e", "oam", "tensor", "core", "x"}
+_MEMORY = re.compile(r"^(\d+)(gb|g|gib)?$")
 
 
 def normalize_gpu_name(raw: str) -> str:
-    """Maps 'A100-80GB (Selene)', 'NVIDIA H100 80GB HBM3', 'GB200' to catalog keys."""
-    text = re.sub(r"\(.*?\)", "", raw).strip().lower()
-    text = text.removeprefix("nvidia").strip()
-    text = re.sub(r"[\s_]+", "-", text)
-    return _ALIASES.get(text, text)
+    """The catalog key for a name as sources write it: 'A100-80GB (Selene)', 'NVIDIA H100 80GB HBM3',
+    'H100-SXM-80GB', 'A800-80GB', 'H800', 'GB200 (DGX-GB200)', 'AMD Instinct MI300X', 'L40S'.
+    A name it cannot place comes back lower-cased and dashed (not a key: callers say so)."""
+    text = re.sub(r"\(.*?\)", " ", raw).strip().lower()
+    if text in GPUS:
+        return text
+    tokens = [t for t in re.split(r"[\s_\-/,]+", text) if t]
+    model, memory, pcie = None, None, False
+    for token in tokens:
+        size = _MEMORY.match(token)
+        if size and token[0].isdigit():
+            memory = int(size.group(1))
+        elif token in ("pcie", "pci", "nvl"):
+            pcie = token != "nvl"
+        elif token not in _NOISE and model is None:
+            joined = re.match(r"^([a-z]+\d+[a-z]*?)(\d+gb)?$", token)  # 'a100' or 'h100' or 'a10080gb'
+            model = joined.group(1) if joined else token
+            if joined and joined.group(2):
+                memory = int(joined.group(2)[:-2])
+    if model is None:
+        return re.sub(r"[\s_]+", "-", text)
+    if model in ("v100",):
+        return "v100-32gb" if memory == 32 else "v100-16gb"
+    if model == "a100":
+        return "a100-40gb" if memory == 40 else "a100-80gb"
+    if model == "a800":
+        return "a800-80gb"
+    if model == "h100":
+        return "h100-pcie" if pcie else "h100-sxm"
+    if model == "h800":
+        return "h800-sxm"
+    key = model
+    return key if key in GPUS else re.sub(r"[\s_]+", "-", text)
 
 
 def lookup_gpu(raw: str) -> GpuSpec:

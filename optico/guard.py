@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from optico.fingerprint import describe, framework_of, split_by_framework
+from optico.knobs import BY_NAME, KNOBS
+from optico.parallel import ParallelDims
 from optico.perfmodel.online import JobModel
 from optico.rules import violations
 from optico.search_space import SearchSpace
@@ -22,10 +24,7 @@ from optico.workload import Workload
 def recompute_level(s: Strategy) -> float:
     """Memory saved by recompute, as an order: none < selective < full block (more layers saves
     more) < full uniform."""
-    s = s.normalized()
-    if s.recompute_granularity == "full":
-        return 3.0 if s.recompute_method == "uniform" else 2.0 + (s.recompute_num_layers or 1) / 1000
-    return 1.0 if s.recompute_granularity == "selective" else 0.0
+    return BY_NAME["recompute_granularity"].memory_order(s)
 
 
 @dataclass(frozen=True)
@@ -41,24 +40,23 @@ ADMIT = Verdict(True)
 _TRANSIENT = {FailureCategory.INFRASTRUCTURE, FailureCategory.HANG, FailureCategory.COMM_TIMEOUT}
 
 
-_LAYOUT = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-           "expert_model_parallel_size", "virtual_pipeline_model_parallel_size",
-           "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
 # A configuration sharing a known OOM's layout must save at least this share of GPU memory (by the
 # model) to be worth a launch: the OOM says memory was already over the limit by an unknown amount.
 SMALL_SAVING = 0.03
+# Knobs with a memory order (registry): a larger key saves memory.
+_MEMORY_ORDERS = [k.memory_order for k in KNOBS if k.memory_order is not None]
+
+
+def _same_layout(a: Strategy, b: Strategy) -> bool:
+    return ParallelDims.of(a, 0).key == ParallelDims.of(b, 0).key
 
 
 def needs_at_least_as_much_memory(candidate: Strategy, oom: Strategy) -> bool:
-    """True when `candidate` keeps `oom`'s parallel layout and saves no memory anywhere."""
-    a, b = candidate.normalized(), oom.normalized()
-    if any(getattr(a, f) != getattr(b, f) for f in _LAYOUT):
+    """True when `candidate` keeps `oom`'s parallel layout and saves no memory anywhere (by every
+    knob's memory order in the registry: micro-batch, recompute, SP, distributed optimizer, ...)."""
+    if not _same_layout(candidate, oom):
         return False
-    return (a.micro_batch_size >= b.micro_batch_size
-            and recompute_level(a) <= recompute_level(b)
-            and (b.sequence_parallel or not a.sequence_parallel)
-            and (b.use_distributed_optimizer or not a.use_distributed_optimizer)
-            and (b.cross_entropy_loss_fusion or not a.cross_entropy_loss_fusion))
+    return all(order(candidate) <= order(oom) for order in _MEMORY_ORDERS)
 
 
 def _same_refused_setting(s: Strategy, failed: Trial) -> bool:
@@ -143,7 +141,7 @@ class Guard:
 
     def _saving(self, s: Strategy, oom: Strategy) -> float | None:
         """GiB the model expects `s` to save over `oom` when both share a parallel layout, else None."""
-        if any(getattr(s, f) != getattr(oom, f) for f in _LAYOUT):
+        if not _same_layout(s, oom):
             return None
         return self.model.base(oom).mem_gib - self.model.base(s).mem_gib
 
@@ -151,7 +149,7 @@ class Guard:
         """A run of the same layout that the model expects to need at least as much memory as `s` fitted:
         the OOM next to it was measurement noise near the limit, not the layout."""
         need = self.model.base(s).mem_gib
-        return any(t.status == TrialStatus.OK and all(getattr(t.strategy, f) == getattr(s, f) for f in _LAYOUT)
+        return any(t.status == TrialStatus.OK and _same_layout(t.strategy, s)
                    and self.model.base(t.strategy).mem_gib >= need for t in trials)
 
     def admissible(self, s: Strategy, history: list[Trial], prior: list[Trial] = ()) -> bool:

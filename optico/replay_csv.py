@@ -1,14 +1,30 @@
-"""The replay CSV format (DESIGN.md, "Replay CSV format") read into typed rows.
+"""The replay CSV format (DESIGN.md, "Replay CSV format") read into typed rows — tolerantly.
 
 One row is one measured run. The replay launcher answers from these rows, the
 performance model is evaluated against them, and the tuner benchmark replays them as
 landscapes, so all three must read a cell the same way. This module is that one reading:
-what an empty cell means (`ReplayDefaults`), how the free-text cells are parsed, which rows
-cannot be used and why (`ReplayRow.skip_reason`), and how the sources' different
-throughput figures become one comparable MFU (`measured_mfu`).
+headers and cells as sources write them (`optico.replay_cells`: "TP", "Micro Batch Size",
+"zero-1 (deepspeed)", "true (zero1)", "none stated", "45 %", "850 ms"), what an empty cell
+means (`ReplayDefaults`), what the row still tells when a cell is unknown (`ReplayRow.unknown`,
+`variants`), which rows cannot be used at all and why (`ReplayRow.skip_reason`), a report per
+file (`FileReport`), and how the sources' different throughput figures become one comparable
+MFU (`measured_mfu`). A bad row is skipped with its file:line reason, never fatal — unless
+`strict`, which raises `ReplayError` at the first one.
 
 Rules that are decisions rather than parsing, in one place:
 
+- Unknown, not guessed: a cell the source does not give and for which neither Megatron-LM
+  nor the source has a default (micro-batch, TP, PP, number of GPUs, global batch, vocabulary,
+  sequence length) is kept as unknown with its plausible values; the row is read, and each
+  figure it could inform (fit/OOM, memory, MFU) is scored only where those values agree on it
+  (`optico.perfmodel.evaluate`). It is never replayed (`ReplayRow.usable` is False).
+- Derived, not guessed: num_gpus = dp·TP·PP·CP when the dp cell is given; mbs =
+  gbs / (DP·GA) when the notes state the gradient accumulation (GA=8); ETP from the notes
+  ("ETP=4"); the architecture from a preset (`optico.workload.PRESETS`) whose name the model
+  name contains when the row gives no dimensions (MLA and hybrid models need one: their
+  ranks and layer patterns are no column); when the layers do not divide by PP, the split
+  Megatron needs (`ParallelDims.infer_split`: the embedding and loss counted in the split if
+  that makes it even, as the 405B recipes do, else uneven first/last stages).
 - Gated MLP (SwiGLU): a row is SwiGLU when its model name or notes say "swiglu"; else it
   is not when ffn_hidden_size == 4·hidden_size (GPT-3's GeLU MLP, Megatron-LM's default
   width) or when the model name is a GPT-3-style or Nemotron name ("GPT", "gpt3",
@@ -34,54 +50,79 @@ Rules that are decisions rather than parsing, in one place:
   over bf16") trains in fp8; else bf16, else fp16 ("fp16/mixed"). fp4 (NVFP4) and fp32 are
   not modelled: the row is skipped.
 - Layout: the dp cell is derived by the transcriber, so it is checked against
-  num_gpus / (TP·PP·CP), never used. A 'true' SP cell at TP 1 reads as no SP (Megatron-LM
-  turns it off there). The row must then pass `optico.rules.violations`; each broken rule is
-  quoted in the skip reason.
-- Notes that carry "args: name=value, ..." add what they state: kv-channels, untied
-  embeddings, shared-expert size, overlap/TP-comm-overlap/grouped-GEMM/cross-entropy-fusion
-  flags, dispatcher, uneven first/last pipeline stages.
-- Skipped, with the reason: a required input missing (named), an unknown GPU, an unmodelled
-  precision, MLA or linear-attention/Mamba architectures, LoRA fine-tuning, Megatron-FSDP,
-  an MoE row without topk, a layout inconsistent with num_gpus or rejected by the rules.
+  num_gpus / (TP·PP·CP), never used otherwise. A 'true' SP cell at TP 1 reads as no SP
+  (Megatron-LM turns it off there). The row must then pass `optico.rules.violations`; each
+  broken rule is quoted in the skip reason. A split no first/last pair can express (Megatron's
+  --pipeline-model-parallel-layout) is read with stage sizes approximated, and says so.
+- Notes that carry "args: name=value, ..." add what they state: any knob flag of the
+  registry (`optico.knobs`), kv-channels, untied embeddings, shared-expert size.
+- Skipped, with the reason: no architecture (no dimensions and no preset), an unknown GPU,
+  an unmodelled precision, MLA or Mamba layers without a preset, LoRA fine-tuning,
+  Megatron-FSDP / ZeRO-2/3, an MoE row without topk, no result and no measurement, a layout
+  inconsistent with num_gpus or rejected by the rules.
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import re
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
+from optico.flops import flops_per_iteration
 from optico.gpus import GPUS, Precision, normalize_gpu_name
-from optico.perfmodel.flops import flops_per_iteration
+from optico.knobs import KNOBS
+from optico.parallel import ParallelDims
+from optico.replay_cells import (
+    UNKNOWN,
+    CellError,
+    canonical_header,
+    header_unit,
+    parse_bool,
+    parse_distributed_optimizer,
+    parse_int,
+    parse_number,
+    parse_result,
+)
+from optico.replay_cells import parse_precision as _parse_precision_cell
+from optico.replay_cells import parse_recompute as _parse_recompute_cell
 from optico.rules import violations
 from optico.strategy import Strategy
 from optico.workload import PRESETS, Cluster, ModelArch, Workload
 
 Result = Literal["ok", "oom", "error"]
 
-# The columns of DESIGN.md's format, in its order. A file may have more; it must have these.
+# The columns of DESIGN.md's format, in its order. A file may have more, or fewer: a missing
+# column reads as empty cells and the file's report lists it.
 COLUMNS: tuple[str, ...] = (
     "model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
     "vocab_size", "seq_length", "num_experts", "topk", "gpu", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp",
     "mbs", "gbs", "recompute", "precision", "sequence_parallel", "distributed_optimizer", "result",
     "tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "mem_max_gib", "source", "notes",
 )
-
-# Without these a row cannot be turned into a workload and a strategy: there is no honest default.
-REQUIRED: tuple[str, ...] = (
-    "num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length", "gpu", "num_gpus",
-    "tp", "pp", "mbs", "gbs",
-)
-
+# Optional knob columns the registry names (etp, first_pp_layers, last_pp_layers, ...).
+KNOB_COLUMNS: tuple[str, ...] = tuple(k.csv for k in KNOBS if k.csv and k.csv not in COLUMNS)
+# The architecture: without these (and with no preset by name) a row says nothing we can model.
+ARCHITECTURE: tuple[str, ...] = ("num_layers", "hidden_size", "num_attention_heads")
 _INT_CELLS: tuple[str, ...] = (
     "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "vocab_size",
     "seq_length", "num_experts", "topk", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs",
+    "etp", "first_pp_layers", "last_pp_layers",
 )
-
 MEASURED: tuple[str, ...] = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "mem_max_gib")
+_MEASURED_UNITS = {"mfu": "fraction", "step_time_s": "s", "mem_max_gib": "gib"}
+
+# Plausible values of a cell the source does not give (see the module docstring).
+UNKNOWN_DOMAINS: dict[str, tuple[int, ...]] = {
+    "mbs": (1, 2, 4), "tp": (1, 2, 4, 8), "pp": (1, 2, 4, 8), "gbs_per_dp": (1, 8, 64),
+    "dp": (1, 2, 4, 8, 16, 32), "vocab_size": (32000, 50304, 128256, 151936, 256000),
+    "seq_length": (2048, 4096, 8192),
+}
 
 # GPUs whose "node" is an NVL72 rack (see the module docstring).
 NVL72_GPUS = frozenset({"gb200", "gb300"})
@@ -91,9 +132,14 @@ NVL72_GPUS = frozenset({"gb200", "gb300"})
 FULL_RECOMPUTE_HFU_RATIO = 4.0 / 3.0
 
 
+class ReplayError(ValueError):
+    """A file that is not a replay table, or (with `strict`) the first row that cannot be read."""
+
+
 class ReplayDefaults(BaseModel):
     """What an EMPTY cell means. An empty cell is a value the source does not give
     (data README); these are the values Megatron-LM or the published recipes use then.
+    Unknown markers ("none stated", "n/a", "?") read like empty cells.
 
     Fixed rules that are not settings: empty num_query_groups = num_attention_heads
     (multi-head attention, Megatron-LM's default); empty num_experts = dense model.
@@ -107,7 +153,7 @@ class ReplayDefaults(BaseModel):
         "none", description="Megatron-LM's default: no activation recompute.")
     sequence_parallel: bool = Field(
         False, description="Megatron-LM's default. Exception, not a setting: an MoE row with EP > 1 and TP > 1 "
-                           "ran, and Megatron-LM refuses that layout without SP, so SP was on. (A 'true' cell "
+                           "ran, and recipes run that layout with SP, so SP was on. (A 'true' cell "
                            "at TP 1 reads as False: Megatron-LM turns SP off there.)")
     distributed_optimizer: bool = Field(
         True, description="All published performance recipes in shared/data run the distributed optimizer; "
@@ -116,7 +162,8 @@ class ReplayDefaults(BaseModel):
         True, description="Rows from NeMo, Megatron-Bridge and DGX Cloud recipes (named in their source) take "
                           "those recipes' settings for knobs the table leaves out: sequence parallel with TP > 1, "
                           "overlapped grad reduce and param gather, gradients reduced in bf16 "
-                          "(their performance scripts set grad_reduce_in_fp32 = False).")
+                          "(their performance scripts set grad_reduce_in_fp32 = False), and for MoE models "
+                          "their expert settings: ETP 1 (experts folded), grouped GEMM, the all-to-all dispatcher.")
     ffn_hidden_ratio: PositiveInt = Field(
         4, description="ffn_hidden_size = ratio x hidden_size: Megatron-LM's default without --ffn-hidden-size.")
     context_parallel_size: PositiveInt = 1
@@ -128,8 +175,10 @@ class ReplayRow(BaseModel):
     """One measured run, parsed.
 
     `workload` and `strategy` are filled whenever the cells allow, even on a skipped row, so a
-    report can show what the row was; only rows whose `skip_reason` is None may be evaluated or
-    replayed. Measured values are as the source gives them (see `counts_recompute`)."""
+    report can show what the row was. A row is `read` when its `skip_reason` is None; it is
+    `usable` (replayable, comparable value for value) when it is read and nothing is `unknown`.
+    An unknown cell holds the first of its plausible values in `workload`/`strategy`; `variants`
+    gives all of them. Measured values are as the source gives them (see `counts_recompute`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -148,88 +197,46 @@ class ReplayRow(BaseModel):
     mem_max_gib: float | None = None
     counts_recompute: bool = Field(False, description="tflops_per_gpu and mfu count the recompute forward pass "
                                                       "(hardware FLOPs), not model FLOPs.")
-    skip_reason: str | None = Field(None, description="Why the row cannot be evaluated or replayed; None = usable.")
+    skip_reason: str | None = Field(None, description="Why the row cannot be used at all; None = read.")
+    unknown: dict[str, list[Any]] = Field(default_factory=dict, description="Cells the source does not give, with "
+                                                                            "their plausible values.")
+    inferred: list[str] = Field(default_factory=list, description="What was derived, not read: from the notes, "
+                                                                  "a preset, the layout.")
+
+    @property
+    def read(self) -> bool:
+        return self.skip_reason is None
 
     @property
     def usable(self) -> bool:
-        return self.skip_reason is None
+        """Read and complete: a replay answers from it, a value-for-value comparison uses it."""
+        return self.skip_reason is None and not self.unknown
 
     @property
     def where(self) -> str:
         return f"{self.file}:{self.line}"
 
 
-# -- cells -------------------------------------------------------------------------------------
-
-def _int(cells: dict[str, str], name: str, problems: list[str]) -> int | None:
-    text = cells.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        problems.append(f"{name} {text!r} is not a number")
-        return None
-    if value != int(value) or value < 1:
-        problems.append(f"{name} {text!r} is not a positive integer")
-        return None
-    return int(value)
-
-
-def _float(cells: dict[str, str], name: str, problems: list[str]) -> float | None:
-    text = cells.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        problems.append(f"{name} {text!r} is not a number")
-        return None
-
-
-def _bool(text: str, name: str, default: bool, problems: list[str]) -> bool:
-    value = text.strip().lower()
-    if not value:
-        return default
-    if value in ("true", "yes", "1", "on"):
-        return True
-    if value in ("false", "no", "0", "off"):
-        return False
-    problems.append(f"{name} {text!r} is not true/false")
-    return default
-
+# -- cells (kept for callers of the old names) ---------------------------------------------------
 
 def parse_precision(text: str, default: Precision) -> Precision | None:
-    """'BF16' -> bf16, 'fp16/mixed' -> fp16, 'MXFP8' / 'FP8-CS' / 'fp8 (hybrid) over bf16' -> fp8;
-    None for a precision we do not model (NVFP4, any fp4, fp32/tf32)."""
-    value = text.strip().lower()
-    if not value:
-        return default
-    if "fp4" in value or "int4" in value:
+    """'BF16' -> bf16, 'MXFP8' -> fp8; `default` for an empty cell; None for an unmodelled one."""
+    try:
+        value = _parse_precision_cell(text)
+    except CellError:
         return None
-    if "fp8" in value:  # before bf16: "fp8 (hybrid, ...) over bf16" trains in fp8
-        return "fp8"
-    if "bf16" in value:
-        return "bf16"
-    if "fp16" in value:
-        return "fp16"
-    return None
+    return default if value is UNKNOWN else value
 
 
 def parse_recompute(text: str, default: str) -> tuple[str | None, str | None, int | None] | None:
-    """(granularity, method, num_layers): 'full' -> full/uniform/1 (Megatron's --recompute-method
-    uniform with one layer per group), 'full (method=block, num_layers=4)' as written, 'selective'
-    (any modules), 'none'. None when the text is none of these."""
-    value = text.strip().lower() or default
-    if value in ("none", "no", "off", "false"):
-        return None, None, None
-    if value.startswith("selective"):
-        return "selective", None, None
-    if value.startswith("full"):
-        method = re.search(r"method\s*=\s*(uniform|block)", value)
-        layers = re.search(r"num_layers\s*=\s*(\d+)", value)
-        return "full", method.group(1) if method else "uniform", int(layers.group(1)) if layers else 1
-    return None
+    """(granularity, method, num_layers); `default` for an empty cell; None when unreadable."""
+    try:
+        value = _parse_recompute_cell(text)
+        if value is UNKNOWN:
+            value = _parse_recompute_cell(default)
+    except CellError:
+        return None
+    return None if value[0] == "offload" else value
 
 
 def _megatron_args(notes: str) -> dict[str, str] | None:
@@ -239,6 +246,12 @@ def _megatron_args(notes: str) -> dict[str, str] | None:
     if not found:
         return None
     return dict(re.findall(r"([a-z][a-z0-9-]*)=([^,;\s]+)", found.group(1)))
+
+
+def _note_int(notes: str, name: str) -> int | None:
+    """'ETP=4; GA=8' -> 4 for ETP."""
+    found = re.search(rf"\b{name}\s*=\s*(\d+)\b", notes)
+    return int(found.group(1)) if found else None
 
 
 def _is_true(text: str | None) -> bool:
@@ -265,14 +278,15 @@ def counts_recompute_flops(source: str, notes: str) -> bool:
                                    "narayanan et al. 2021", "2104.04473"))
 
 
-def _unmodelled_architecture(name: str, notes: str) -> str | None:
+def _special_architecture(name: str, notes: str) -> str | None:
+    """MLA / Mamba (modelled only through a preset) and LoRA (not modelled), by the row's words."""
     text = f"{name} {notes}"
-    if re.search(r"\bMLA\b", text) or re.search(r"multi[- ]latent", text, re.IGNORECASE):
-        return "MLA (multi-latent attention) is not modelled"
-    if re.search(r"linear[- ]attention|mamba", text, re.IGNORECASE):
-        return "linear-attention / Mamba layers are not modelled"
     if re.search(r"\blora\b", text, re.IGNORECASE):
         return "LoRA fine-tuning (frozen base weights) is not modelled"
+    if re.search(r"\bMLA\b", text) or re.search(r"multi[- ]latent", text, re.IGNORECASE):
+        return "MLA (multi-latent attention)"
+    if re.search(r"linear[- ]attention|mamba|hybrid", text, re.IGNORECASE):
+        return "linear-attention / Mamba layers"
     return None
 
 
@@ -292,81 +306,197 @@ def matching_preset(m: ModelArch) -> ModelArch | None:
     return None
 
 
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def preset_by_name(name: str) -> ModelArch | None:
+    """The preset whose name the model name contains ('Nemotron-H 56b FP8' -> nemotron-h-56b,
+    'DeepSeekV3' -> deepseek-v3); the longest such name wins."""
+    squashed = _squash(name)
+    found = [p for key, p in PRESETS.items() if _squash(key) and _squash(key) in squashed]
+    return max(found, key=lambda p: len(_squash(p.name))) if found else None
+
+
 # -- rows ----------------------------------------------------------------------------------------
 
-def _build_model(cells: dict[str, str], ints: dict[str, int | None], args: dict[str, str] | None,
-                 defaults: ReplayDefaults) -> ModelArch:
-    name = cells.get("model", "").strip() or "custom"
+@dataclass
+class _Parse:
+    """The state of one row being read: its cells, what is unknown, what went wrong."""
+
+    cells: dict[str, str]
+    units: dict[str, str]
+    defaults: ReplayDefaults
+    problems: list[str] = field(default_factory=list)  # why the row cannot be used
+    unknown: dict[str, list[Any]] = field(default_factory=dict)
+    inferred: list[str] = field(default_factory=list)
+
+    def text(self, name: str) -> str:
+        return self.cells.get(name, "").strip()
+
+    def integer(self, name: str) -> int | None:
+        try:
+            value = parse_int(self.cells.get(name))
+        except CellError as err:
+            self.inferred.append(f"{name} {err} (read as unknown)")
+            return None
+        return None if value is UNKNOWN else value
+
+    def number(self, name: str) -> float | None:
+        unit = _MEASURED_UNITS.get(name, "")
+        given = self.units.get(name, "")
+        try:
+            value = parse_number(self.cells.get(name), unit)
+        except CellError as err:
+            self.inferred.append(f"{name} {err} (read as unknown)")
+            return None
+        if value is UNKNOWN:
+            return None
+        if name == "step_time_s" and given == "ms":
+            value /= 1000.0
+        if name == "mem_max_gib" and given in ("mb", "mib"):
+            value /= 1024.0
+        if name == "mfu" and given == "%" and value > 1.5:
+            value /= 100.0
+        return value
+
+
+def _build_model(p: _Parse, ints: dict[str, int | None], args: dict[str, str] | None) -> ModelArch | None:
+    name = p.text("model") or "custom"
+    special = _special_architecture(name, p.text("notes"))
+    if special and "LoRA" in special:
+        p.problems.append(special)
+        return None
+    by_name = preset_by_name(name)
+    if any(ints[k] is None for k in ARCHITECTURE):
+        if by_name is None:
+            missing = [k for k in ARCHITECTURE if ints[k] is None]
+            p.problems.append(f"missing required input(s): {', '.join(missing)} (and no preset matches the model "
+                              f"name {name!r})")
+            return None
+        p.inferred.append(f"architecture from preset {by_name.name}")
+        return by_name
     hidden, heads = ints["hidden_size"], ints["num_attention_heads"]
-    ffn = ints["ffn_hidden_size"] or defaults.ffn_hidden_ratio * hidden
+    ffn = ints["ffn_hidden_size"] or p.defaults.ffn_hidden_ratio * hidden
     groups = ints["num_query_groups"]
     experts = ints["num_experts"] if (ints["num_experts"] or 1) > 1 else None
-    text = f"{name} {cells.get('notes', '')}"
-    if "swiglu" in text.lower():
-        swiglu = True
-    else:
-        swiglu = not (ffn == 4 * hidden or _ungated_name(name))
+    if experts and not ints["topk"]:
+        p.problems.append("missing topk for an MoE row")
+        return None
+    vocab = ints["vocab_size"]
+    if vocab is None:
+        if by_name is not None and by_name.num_layers == ints["num_layers"] and by_name.hidden_size == hidden:
+            vocab = by_name.vocab_size
+            p.inferred.append(f"vocab_size from preset {by_name.name}")
+        else:
+            vocab = UNKNOWN_DOMAINS["vocab_size"][0]
+            p.unknown["vocab_size"] = list(UNKNOWN_DOMAINS["vocab_size"])
+    text = f"{name} {p.text('notes')}"
+    swiglu = True if "swiglu" in text.lower() else not (ffn == 4 * hidden or _ungated_name(name))
     explicit: dict[str, Any] = {}  # facts the run's own arguments state; they beat presets and rules
     if args is not None:
         explicit["untie_embeddings_and_output_weights"] = _is_true(args.get("untie-embeddings-and-output-weights"))
-        for flag, field in (("kv-channels", "kv_channels"),
-                            ("moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size")):
+        for flag, key in (("kv-channels", "kv_channels"),
+                          ("moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size")):
             if args.get(flag, "").isdigit():
-                explicit[field] = int(args[flag])
+                explicit[key] = int(args[flag])
     data: dict[str, Any] = dict(
         name=name, num_layers=ints["num_layers"], hidden_size=hidden, num_attention_heads=heads,
         num_query_groups=groups if groups and groups != heads else None, ffn_hidden_size=ffn,
-        vocab_size=ints["vocab_size"], swiglu=swiglu, num_experts=experts,
+        vocab_size=vocab, swiglu=swiglu, num_experts=experts,
         moe_router_topk=ints["topk"] if experts else 2,
         untie_embeddings_and_output_weights=not _gpt3_style(name))
     arch = ModelArch.model_validate({**data, **explicit})
     preset = matching_preset(arch)
+    if preset is None and by_name is not None and by_name.multi_latent_attention + by_name.is_hybrid \
+            and (by_name.num_layers, by_name.hidden_size) == (arch.num_layers, arch.hidden_size):
+        preset = by_name  # MLA / hybrid rows: the dimensions agree, the ranks and patterns come from the preset
+    if special and (preset is None or not (preset.multi_latent_attention or preset.is_hybrid)):
+        p.problems.append(f"{special} without a preset that matches the row (add one to optico.workload.PRESETS)")
+        return None
     if preset is not None:
+        if preset.multi_latent_attention or preset.is_hybrid or preset.mtp_num_layers:
+            p.inferred.append(f"architecture details (MLA ranks, layer pattern, MTP) from preset {preset.name}")
         return ModelArch.model_validate({**preset.model_dump(), **explicit})
     return arch
 
 
-def _build_strategy(cells: dict[str, str], ints: dict[str, int | None], args: dict[str, str] | None,
-                    is_moe: bool, defaults: ReplayDefaults, problems: list[str]) -> Strategy | None:
-    recompute = parse_recompute(cells.get("recompute", ""), defaults.recompute)
-    if recompute is None:
-        problems.append(f"recompute {cells.get('recompute')!r} is not none/selective/full")
+def _knob_args(args: dict[str, str]) -> dict[str, Any]:
+    """Knob values the notes' Megatron arguments state, read through the registry's flags."""
+    out: dict[str, Any] = {}
+    for k in KNOBS:
+        for flag in k.flags:
+            value = args.get(flag[2:])
+            if value is None:
+                continue
+            if k.is_bool:
+                out[k.name] = _is_true(value) if flag != "--no-overlap-p2p-communication" else not _is_true(value)
+            elif value.isdigit():
+                out[k.name] = int(value)
+            elif k.name == "moe_token_dispatcher_type" and value in ("allgather", "alltoall", "flex"):
+                out[k.name] = value
+    return out
+
+
+def _build_strategy(p: _Parse, ints: dict[str, int | None], args: dict[str, str] | None, model: ModelArch
+                    ) -> Strategy | None:
+    d = p.defaults
+    try:
+        recompute = _parse_recompute_cell(p.cells.get("recompute"))
+    except CellError as err:
+        p.problems.append(f"recompute {err}")
         return None
+    if recompute is UNKNOWN:
+        recompute = _parse_recompute_cell(d.recompute)
+    offload = None
+    if recompute[0] == "offload":
+        offload = recompute[2] or max(1, model.num_layers // 2)
+        if recompute[2] is None:
+            p.unknown["cpu_offloading_num_layers"] = [offload, max(1, model.num_layers // 4), model.num_layers - 1]
+        recompute = (None, None, None)
     granularity, method, layers = recompute
-    tp, ep = ints["tp"], ints["ep"] or defaults.expert_model_parallel_size
-    recipe = defaults.recipe_flags and _from_recipe(cells.get("source", ""))
-    sp_default = defaults.sequence_parallel or (is_moe and ep > 1 and tp > 1) or (recipe and tp > 1)
-    dist_opt_cell = cells.get("distributed_optimizer", "").strip().lower()
-    if "fsdp" in dist_opt_cell:
-        problems.append(f"distributed_optimizer {dist_opt_cell!r}: Megatron-FSDP is not a Strategy option")
+    for name in ("tp", "pp"):
+        if ints[name] is None:
+            ints[name] = UNKNOWN_DOMAINS[name][0]
+            p.unknown[name] = list(UNKNOWN_DOMAINS[name])
+    tp, ep = ints["tp"], ints["ep"] or d.expert_model_parallel_size
+    recipe = d.recipe_flags and _from_recipe(p.text("source"))
+    sp_default = d.sequence_parallel or (model.is_moe and ep > 1 and tp > 1) or (recipe and tp > 1)
+    try:
+        sp = parse_bool(p.cells.get("sequence_parallel"))
+        dist_opt = parse_distributed_optimizer(p.cells.get("distributed_optimizer"))
+    except CellError as err:
+        which = "distributed_optimizer" if "FSDP" in str(err) or "ZeRO" in str(err) else "sequence_parallel"
+        p.problems.append(f"{which} {err}")
         return None
     data: dict[str, Any] = dict(
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=ints["pp"],
-        context_parallel_size=ints["cp"] or defaults.context_parallel_size,
+        context_parallel_size=ints["cp"] or d.context_parallel_size,
         expert_model_parallel_size=ep,
-        virtual_pipeline_model_parallel_size=ints["vpp"] or defaults.virtual_pipeline_model_parallel_size,
-        micro_batch_size=ints["mbs"],
-        sequence_parallel=_bool(cells.get("sequence_parallel", ""), "sequence_parallel", sp_default, problems),
+        virtual_pipeline_model_parallel_size=ints["vpp"] or d.virtual_pipeline_model_parallel_size,
+        micro_batch_size=ints["mbs"] or 1,
+        sequence_parallel=sp_default if sp is UNKNOWN else sp,
         recompute_granularity=granularity, recompute_method=method, recompute_num_layers=layers,
-        use_distributed_optimizer=_bool(dist_opt_cell, "distributed_optimizer",
-                                        defaults.distributed_optimizer, problems),
+        use_distributed_optimizer=d.distributed_optimizer if dist_opt is UNKNOWN else dist_opt,
+        cpu_offloading_num_layers=offload or 0,
     )
     if recipe:
         data["overlap_grad_reduce"] = data["overlap_param_gather"] = data["use_distributed_optimizer"]
+        if model.is_moe:  # the recipes' MoE settings: experts folded (ETP 1), grouped GEMM, all-to-all
+            data.update(expert_tensor_parallel_size=1, moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall")
+    etp = ints["etp"] or _note_int(p.text("notes"), "ETP")
+    if etp and model.is_moe:
+        data["expert_tensor_parallel_size"] = etp
+    for column, key in (("first_pp_layers", "decoder_first_pipeline_num_layers"),
+                        ("last_pp_layers", "decoder_last_pipeline_num_layers")):
+        if ints[column]:
+            data[key] = ints[column]
     if args:
-        for flag in ("overlap-grad-reduce", "overlap-param-gather", "tp-comm-overlap", "moe-grouped-gemm",
-                     "cross-entropy-loss-fusion"):
-            if flag in args:
-                data[flag.replace("-", "_")] = _is_true(args[flag])
-        for flag in ("decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers"):
-            if args.get(flag, "").isdigit():
-                data[flag.replace("-", "_")] = int(args[flag])
-        if args.get("moe-token-dispatcher-type") in ("allgather", "alltoall", "flex"):
-            data["moe_token_dispatcher_type"] = args["moe-token-dispatcher-type"]
+        data.update(_knob_args(args))
     if tp == 1:
         # Megatron-LM's validate_args turns SP off with a warning at TP 1, so such a run had none.
         data["sequence_parallel"] = False
-    return Strategy.model_validate(data).normalized()
+    return Strategy.model_validate(data)
 
 
 def _from_recipe(source: str) -> bool:
@@ -379,54 +509,108 @@ def _cluster(gpu_key: str, num_gpus: int) -> Cluster:
     return Cluster(gpu=gpu_key, gpus_per_node=per_node, nodes=-(-num_gpus // per_node), num_gpus=num_gpus)
 
 
-def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefaults) -> ReplayRow:
-    """One CSV record -> ReplayRow. Raises ValueError (naming file:line) only for a result cell
-    that is not ok/oom/error; every other problem becomes the row's skip_reason."""
-    where = f"{file}:{line}"
-    result = cells.get("result", "").strip().lower()
-    if result not in ("ok", "oom", "error"):
-        raise ValueError(f"{where}: result {cells.get('result')!r} must be ok, oom or error")
-    name, notes, source = (cells.get(k, "").strip() for k in ("model", "notes", "source"))
-    problems: list[str] = []  # why the row cannot be used, in the order found
-    ints = {k: _int(cells, k, problems) for k in _INT_CELLS}
-    blocking = bool(problems)  # a bad integer cell: no workload or strategy can be built
-    missing = [k for k in REQUIRED if not cells.get(k, "").strip()]
-    if missing:
-        problems.insert(0, f"missing required input(s): {', '.join(missing)}")
-    if (ints["num_experts"] or 1) > 1 and not ints["topk"]:
-        problems.append("missing topk for an MoE row")
-        blocking = True
-    measured = {k: _float(cells, k, problems) for k in MEASURED}
-    gpu_key = normalize_gpu_name(cells["gpu"]) if cells.get("gpu", "").strip() else None
-    if gpu_key is not None and gpu_key not in GPUS:
-        problems.append(f"unknown GPU {cells['gpu']!r}")
-    precision = parse_precision(cells.get("precision", ""), defaults.precision)
-    if precision is None:
-        problems.append(f"precision {cells['precision']!r} is not modelled (we model bf16, fp16, fp8)")
-    arch_reason = _unmodelled_architecture(name, notes)
-    if arch_reason:
-        problems.append(arch_reason)
+def _world_and_batch(p: _Parse, ints: dict[str, int | None], s: Strategy) -> tuple[int, int, int]:
+    """(num_gpus, gbs, mbs): read, derived (dp cell, GA in the notes), or unknown with plausible values."""
+    mp = s.model_parallel_size
+    world = ints["num_gpus"]
+    if world is None and ints["dp"]:
+        world = ints["dp"] * mp
+        p.inferred.append(f"num_gpus = dp·TP·PP·CP = {world}")
+    if world is None:
+        choices = [mp * k for k in UNKNOWN_DOMAINS["dp"]]
+        p.unknown["num_gpus"] = choices
+        world = choices[0]
+    dp = max(1, world // mp)
+    gbs, mbs = ints["gbs"], ints["mbs"]
+    if mbs is None and gbs and _note_int(p.text("notes"), "GA"):
+        ga = _note_int(p.text("notes"), "GA")
+        if gbs % (dp * ga) == 0 and "num_gpus" not in p.unknown:
+            mbs = gbs // (dp * ga)
+            p.inferred.append(f"mbs = gbs / (DP·GA) = {mbs}")
+    if mbs is None:
+        p.unknown["mbs"] = list(UNKNOWN_DOMAINS["mbs"])
+        mbs = UNKNOWN_DOMAINS["mbs"][0]
+    if gbs is None:
+        choices = [dp * mbs * k for k in UNKNOWN_DOMAINS["gbs_per_dp"]]
+        p.unknown["gbs"] = choices
+        gbs = choices[0]
+    return world, gbs, mbs
+
+
+def _uneven(p: _Parse, w: Workload, s: Strategy) -> Strategy:
+    """The split Megatron needs when the layers do not divide by PP and the row states none
+    (`ParallelDims.infer_split`); a split nothing expresses is approximated, and said so."""
+    if s.decoder_first_pipeline_num_layers or s.decoder_last_pipeline_num_layers or s.pp == 1 \
+            or s.account_for_embedding_in_pipeline_split or s.account_for_loss_in_pipeline_split:
+        return s
+    split = ParallelDims.of(s, w.world_size).infer_split(w.model.num_layers)
+    if split:
+        p.inferred.append("pipeline split inferred: " + ", ".join(f"{k}={v}" for k, v in split.items()))
+        return s.changed(**split)
+    if ParallelDims.of(s, w.world_size).split_errors(w.model.num_layers):
+        p.inferred.append("pipeline layout not expressible by first/last stages or the embedding/loss split "
+                          "(Megatron's --pipeline-model-parallel-layout): stage sizes approximated")
+    return s
+
+
+def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefaults,
+              units: dict[str, str] | None = None) -> ReplayRow:
+    """One CSV record (keys: replay columns) -> ReplayRow; every problem becomes the row's skip_reason."""
+    p = _Parse(cells=cells, units=units or {}, defaults=defaults)
+    name, notes, source = p.text("model"), p.text("notes"), p.text("source")
+    measured = {k: p.number(k) for k in MEASURED}
+    try:
+        result = parse_result(cells.get("result"))
+    except CellError as err:
+        p.problems.append(f"result {err}")
+        result = "error"
+    if result is UNKNOWN:
+        if any(measured[k] is not None for k in ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu")):
+            result = "ok"
+            p.inferred.append("result ok (the row reports throughput)")
+        else:
+            p.problems.append("no result and no measurement")
+            result = "error"
+    ints = {k: p.integer(k) for k in _INT_CELLS}
+    gpu_key = normalize_gpu_name(p.text("gpu")) if p.text("gpu") else None
+    if gpu_key is None:
+        p.problems.append("missing required input(s): gpu")
+    elif gpu_key not in GPUS:
+        p.problems.append(f"unknown GPU {p.text('gpu')!r}")
+    try:
+        precision = _parse_precision_cell(cells.get("precision"))
+        precision = defaults.precision if precision is UNKNOWN else precision
+    except CellError as err:
+        p.problems.append(f"precision {err}")
+        precision = None
 
     workload: Workload | None = None
     strategy: Strategy | None = None
-    if not missing and not blocking:
-        args = _megatron_args(notes)
-        try:
-            model = _build_model(cells, ints, args, defaults)
-            strategy = _build_strategy(cells, ints, args, model.is_moe, defaults, problems)
+    args = _megatron_args(notes)
+    try:
+        model = _build_model(p, ints, args)
+        if model is not None:
+            strategy = _build_strategy(p, ints, args, model)
+        if model is not None and strategy is not None:
+            seq = ints["seq_length"]
+            if seq is None:
+                p.unknown["seq_length"] = list(UNKNOWN_DOMAINS["seq_length"])
+                seq = UNKNOWN_DOMAINS["seq_length"][0]
+            world, gbs, mbs = _world_and_batch(p, ints, strategy)
+            if mbs != strategy.mbs:
+                strategy = strategy.changed(micro_batch_size=mbs)
             if precision is not None and gpu_key in GPUS:
                 recipe = defaults.recipe_flags and _from_recipe(source)
-                workload = Workload(model=model, seq_length=ints["seq_length"], global_batch_size=ints["gbs"],
-                                    precision=precision, cluster=_cluster(gpu_key, ints["num_gpus"]),
-                                    grad_reduce_in_fp32=False if recipe else None)
-        except (ValidationError, ValueError) as err:
-            problems.append(f"inconsistent architecture or layout: {_first_error(err)}")
-    if workload is not None and strategy is not None:
-        problems += _layout_problems(workload, strategy, ints["dp"])
-
+                workload = Workload(model=model, seq_length=seq, global_batch_size=gbs, precision=precision,
+                                    cluster=_cluster(gpu_key, world), grad_reduce_in_fp32=False if recipe else None)
+                strategy = _uneven(p, workload, strategy)
+    except (ValidationError, ValueError) as err:
+        p.problems.append(f"inconsistent architecture or layout: {_first_error(err)}")
+    if workload is not None and strategy is not None and not p.problems:
+        p.problems += _layout_problems(workload, strategy, ints["dp"], p)
     return ReplayRow(file=file, line=line, model_name=name, source=source, notes=notes, workload=workload,
                      strategy=strategy, result=result, counts_recompute=counts_recompute_flops(source, notes),
-                     skip_reason="; ".join(problems) or None, **measured)
+                     skip_reason="; ".join(p.problems) or None, unknown=p.unknown, inferred=p.inferred, **measured)
 
 
 def _first_error(err: Exception) -> str:
@@ -436,37 +620,165 @@ def _first_error(err: Exception) -> str:
     return str(err)
 
 
-def _layout_problems(w: Workload, s: Strategy, dp_cell: int | None) -> list[str]:
-    """The dp cell is derived by the transcriber: check it, never use it. Then Megatron-LM's checks."""
+def _layout_problems(w: Workload, s: Strategy, dp_cell: int | None, p: _Parse) -> list[str]:
+    """The dp cell is derived by the transcriber: check it, never use it. Then Megatron's checks, on
+    the first assignment of unknown cells that passes them (unknowns with no valid value fail)."""
     out: list[str] = []
     world, mp = w.world_size, s.model_parallel_size
-    if dp_cell is not None and world % mp == 0 and dp_cell != world // mp:
+    if dp_cell is not None and world % mp == 0 and dp_cell != world // mp and "num_gpus" not in p.unknown:
         out.append(f"layout inconsistent: dp {dp_cell} but num_gpus/(TP·PP·CP) = {world}/({s.tp}·{s.pp}·{s.cp})"
                    f" = {world // mp}")
-    out += [f"rejected by optico.rules: {v.message}" for v in violations(w, s)]
+    approximate = any("stage sizes approximated" in x for x in p.inferred)
+    broken = [v for v in violations(w, s) if not (approximate and "pipeline_model_parallel_size" in v.params
+                                                   and "divisible by PP" in v.message)]
+    if broken and p.unknown:
+        # The unknowns may still have a valid value (`variants` keeps only those); if none does, say so.
+        probe = ReplayRow(file="", line=0, model_name="", workload=w, strategy=s, result="ok", unknown=p.unknown)
+        if variants(probe, limit=1):
+            return out
+        return out + [f"no value of the unknown cell(s) {', '.join(p.unknown)} passes Megatron's checks "
+                      f"(e.g. rejected by optico.rules: {broken[0].message})"]
+    out += [f"rejected by optico.rules: {v.message}" for v in broken]
     return out
 
 
-def read_replay_csv(path: str | Path, defaults: ReplayDefaults | None = None) -> list[ReplayRow]:
-    """Every row of a replay CSV, skipped ones included (see `ReplayRow.skip_reason`).
+def variants(row: ReplayRow, limit: int = 64) -> list[tuple[Workload, Strategy]]:
+    """The (workload, strategy) pairs a read row may have been: every combination of its unknown
+    cells' plausible values that Megatron accepts (at most `limit`). One pair for a complete row."""
+    if row.workload is None or row.strategy is None:
+        return []
+    if not row.unknown:
+        return [(row.workload, row.strategy)]
+    names = list(row.unknown)
+    out = []
+    for values in itertools.product(*(row.unknown[n] for n in names)):
+        pair = _apply(row.workload, row.strategy, dict(zip(names, values)))
+        if pair is not None:
+            out.append(pair)
+            if len(out) >= limit:
+                break
+    return out
 
-    Raises ValueError naming the file and the missing columns when the header lacks a column of
-    the DESIGN.md format (extra columns are fine), and for a result cell not ok/oom/error."""
+
+def _apply(w: Workload, s: Strategy, values: dict[str, Any]) -> tuple[Workload, Strategy] | None:
+    knob = {"tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size", "mbs": "micro_batch_size",
+            "cpu_offloading_num_layers": "cpu_offloading_num_layers"}
+    try:
+        s = s.changed(**{knob[k]: v for k, v in values.items() if k in knob})
+        model = w.model.model_copy(update={"vocab_size": values["vocab_size"]}) if "vocab_size" in values else w.model
+        world = values.get("num_gpus", w.world_size)
+        w = w.model_copy(update={
+            "model": model, "seq_length": values.get("seq_length", w.seq_length),
+            "global_batch_size": values.get("gbs", w.global_batch_size),
+            "cluster": _cluster(w.cluster.gpu, world)})
+    except (ValidationError, ValueError):
+        return None
+    if violations(w, s) and not _split_only(w, s):
+        return None
+    return w, s
+
+
+def _split_only(w: Workload, s: Strategy) -> bool:
+    """Only the even-split rule breaks (a layout first/last cannot express, approximated)."""
+    return all("divisible by PP" in v.message for v in violations(w, s))
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+@dataclass
+class FileReport:
+    """What was read from one file."""
+
+    file: str
+    rows: int = 0
+    read: int = 0
+    complete: int = 0
+    skipped: int = 0
+    reasons: Counter = field(default_factory=Counter)  # skip reason (first clause) -> rows
+    unknown: Counter = field(default_factory=Counter)  # cell -> rows where it is unknown
+    inferred: Counter = field(default_factory=Counter)  # what was derived -> rows
+    missing_columns: list[str] = field(default_factory=list)
+    renamed_columns: dict[str, str] = field(default_factory=dict)  # header as written -> replay column
+    ignored_columns: list[str] = field(default_factory=list)
+    skipped_rows: list[str] = field(default_factory=list)  # "file:line: reason"
+
+    def add(self, row: ReplayRow) -> None:
+        self.rows += 1
+        if row.read:
+            self.read += 1
+            self.complete += int(not row.unknown)
+            self.unknown.update(row.unknown.keys())
+        else:
+            self.skipped += 1
+            self.reasons[row.skip_reason.split(";")[0].split(" (")[0].strip()] += 1
+            self.skipped_rows.append(f"{row.where}: {row.skip_reason}")
+        self.inferred.update(re.sub(r"[\d,]+", "N", x) for x in row.inferred)
+
+    def text(self, max_rows: int = 5) -> str:
+        lines = [f"{self.file}: {self.rows} rows, {self.read} read ({self.complete} complete, "
+                 f"{self.read - self.complete} with unknown cells), {self.skipped} skipped"]
+        if self.renamed_columns:
+            lines.append("  columns read as: " + ", ".join(f"{a!r} -> {b}" for a, b in self.renamed_columns.items()))
+        if self.missing_columns:
+            lines.append("  columns absent (read as empty): " + ", ".join(self.missing_columns))
+        if self.ignored_columns:
+            lines.append("  columns ignored: " + ", ".join(self.ignored_columns))
+        if self.unknown:
+            lines.append("  unknown cells: " + ", ".join(f"{k} ({n})" for k, n in self.unknown.most_common()))
+        for reason, n in self.reasons.most_common():
+            lines.append(f"  skipped {n}: {reason}")
+        lines += [f"    {x}" for x in self.skipped_rows[:max_rows]]
+        if len(self.skipped_rows) > max_rows:
+            lines.append(f"    ... {len(self.skipped_rows) - max_rows} more")
+        return "\n".join(lines)
+
+
+def read_replay_file(path: str | Path, defaults: ReplayDefaults | None = None, *, strict: bool = False
+                     ) -> tuple[list[ReplayRow], FileReport]:
+    """Every row of a replay CSV, skipped ones included (see `ReplayRow.skip_reason`), and the file's
+    report. Headers are matched by synonym ('TP', 'Micro Batch Size'); absent columns read as empty.
+
+    Raises ReplayError when the file has no model column nor any architecture column (not a replay
+    table), and with `strict` at the first row that is skipped, naming file:line and the reason."""
     path = Path(path)
     defaults = defaults or ReplayDefaults()
+    report = FileReport(file=path.name)
     rows: list[ReplayRow] = []
-    with path.open(newline="", encoding="utf-8") as handle:
+    with path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
-        header = reader.fieldnames or []
-        absent = [c for c in COLUMNS if c not in header]
-        if absent:
-            raise ValueError(f"{path}: missing column(s) {', '.join(absent)} of the replay CSV format (DESIGN.md)")
+        header = [h for h in (reader.fieldnames or []) if h is not None]
+        mapping: dict[str, str] = {}
+        units: dict[str, str] = {}
+        for h in header:
+            column = canonical_header(h)
+            if column is None or column in mapping.values():
+                report.ignored_columns.append(h)
+                continue
+            mapping[h] = column
+            units[column] = header_unit(h)
+            if h != column:
+                report.renamed_columns[h] = column
+        known = set(mapping.values())
+        if "model" not in known and not known & set(ARCHITECTURE):
+            raise ReplayError(f"{path}: not a replay table: no model or architecture column among "
+                              f"{', '.join(header) or 'no header'} (DESIGN.md, 'Replay CSV format')")
+        report.missing_columns = [c for c in COLUMNS if c not in known]
         start = reader.line_num + 1
-        for cells in reader:
-            rows.append(parse_row({k: v or "" for k, v in cells.items() if k is not None}, path.name, start,
-                                  defaults))
+        for raw in reader:
+            cells = {mapping[k]: (v or "") for k, v in raw.items() if k in mapping}
+            row = parse_row(cells, path.name, start, defaults, units)
+            if strict and not row.read:
+                raise ReplayError(f"{row.where}: {row.skip_reason}")
+            rows.append(row)
+            report.add(row)
             start = reader.line_num + 1
-    return rows
+    return rows, report
+
+
+def read_replay_csv(path: str | Path, defaults: ReplayDefaults | None = None, *, strict: bool = False
+                    ) -> list[ReplayRow]:
+    """Every row of a replay CSV (see `read_replay_file`)."""
+    return read_replay_file(path, defaults, strict=strict)[0]
 
 
 # -- what a row measured -------------------------------------------------------------------------
@@ -482,8 +794,9 @@ def tuned_throughput(row: ReplayRow) -> bool:
     return "not tuned" not in row.notes.lower()
 
 
-def measured_mfu(row: ReplayRow) -> float | None:
-    """MFU on Megatron-LM's model FLOPs (optico.perfmodel.flops), comparable across sources.
+def measured_mfu(row: ReplayRow, workload: Workload | None = None, strategy: Strategy | None = None) -> float | None:
+    """MFU on Megatron-LM's model FLOPs (optico.flops), comparable across sources; for a row with
+    unknown cells, as one of its `variants` (`workload`, `strategy`) would have it.
 
     - From step_time_s when given: flops_per_iteration / (step_time · world · peak). This is the
       only figure computed with our own FLOPs formula, so it is preferred.
@@ -494,9 +807,9 @@ def measured_mfu(row: ReplayRow) -> float | None:
       little below 4/3 for small models.)
     None for rows that did not run (oom/error), skipped rows and rows with no throughput figure.
     """
-    if row.result != "ok" or not row.usable or row.workload is None or row.strategy is None:
+    w, s = workload or row.workload, strategy or row.strategy
+    if row.result != "ok" or not row.read or w is None or s is None:
         return None
-    w, s = row.workload, row.strategy
     peak = w.peak_tflops
     if row.step_time_s:
         return flops_per_iteration(w, s.tp) / (row.step_time_s * w.world_size * peak * 1e12)
@@ -505,7 +818,29 @@ def measured_mfu(row: ReplayRow) -> float | None:
         return row.mfu / hfu
     if row.tflops_per_gpu is not None:
         return row.tflops_per_gpu / peak / hfu
+    if row.tokens_per_s_per_gpu is not None:
+        return row.tokens_per_s_per_gpu * flops_per_iteration(w, s.tp) / (w.global_batch_size * w.seq_length) \
+            / (peak * 1e12)
     return None
+
+
+_SOFTWARE = re.compile(r"\brelease\s+[\w.]+|\bcontainer\s+[^;,()]+|\bNeMo\s+\d+\.\d+[\w.]*|golden_values_\w+|"
+                       r"\bcommit\s+[0-9a-f]{7,}", re.IGNORECASE)
+
+
+def software(row: ReplayRow) -> str:
+    """The software a row was measured with, as its source or notes name it ('release 26.08',
+    'container NeMo 24.07', a golden-values file, a commit); '' when they do not say. Rankings
+    compare configurations measured with the same software: a newer release of the same recipe
+    is faster without any knob changing."""
+    found = _SOFTWARE.search(f"{row.notes} {row.source}")
+    return found.group(0).strip().lower() if found else ""
+
+
+def replayable(row: ReplayRow) -> bool:
+    """A row the replay launcher can answer from: complete, and either it ran with a throughput
+    figure or it failed (an ok row with memory only tells nothing a replay could return)."""
+    return row.usable and (row.result != "ok" or measured_mfu(row) is not None)
 
 
 def matches(row: ReplayRow, workload: Workload) -> bool:
@@ -513,7 +848,7 @@ def matches(row: ReplayRow, workload: Workload) -> bool:
     query groups, (per-expert) FFN, vocabulary, experts, top-k, sequence, global batch, precision,
     GPU and world size. Names, kv_channels, SwiGLU and tied embeddings are not compared."""
     w = row.workload
-    if w is None:
+    if w is None or row.unknown:
         return False
     return (_dims(w.model) == _dims(workload.model)
             and w.seq_length == workload.seq_length

@@ -1,29 +1,37 @@
-"""Validity of a strategy for a workload: Megatron-LM's argument checks that touch the tuned knobs.
+"""Validity of a strategy for a workload: the checks megatron-core and Megatron-LM make on the
+tuned knobs, and nothing stricter.
 
-Every rule names the parameters it involves and states itself with the numbers, so
-a rejected candidate explains why ("num_attention_heads (32) must be divisible by
-TP (3)"). Sources: megatron/training/arguments.py (validate_args),
-megatron/core/transformer/transformer_config.py, megatron/core/model_parallel_config.py
-and the interleaved schedule in megatron/core/pipeline_parallel/schedules.py.
+Two kinds of rule:
+- structural ones here, with the workload's numbers: heads, query groups and FFN widths over
+  TP (and expert FFN over ETP), both parallel grids over the world (`optico.parallel`), the
+  batch over MBS·DP, the pipeline split, the interleaved schedule's micro-batches, CP's
+  sequence split, experts over EP;
+- couplings between knobs, declared once in `optico.knobs` (`Knob.requires`) and checked for
+  every knob that is off its default.
+
+Every rule names the parameters it involves and states itself with the numbers ("num_attention_heads
+(32) must be divisible by TP (3)"). Sources: megatron-core 0.16 (TransformerConfig and
+ModelParallelConfig construction, parallel_state.initialize_model_parallel,
+get_num_layers_to_build, the run-time checks listed in docs/perfmodel.md) and Megatron-LM's
+validate_args. tests/test_rules_oracle.py holds these rules against megatron-core itself and
+lists the deliberate differences.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
-from optico.strategy import PAPER_NAMES, Strategy
+from optico.knobs import KNOBS, Knob, Requires, Violation
+from optico.parallel import ParallelDims
+from optico.strategy import Strategy
 from optico.workload import Workload
 
+__all__ = ["Violation", "InvalidStrategy", "Rule", "RULES", "violations", "check", "is_valid", "couplings"]
 
-@dataclass(frozen=True)
-class Violation:
-    """One broken rule: the Strategy fields involved and a sentence with the numbers."""
-
-    params: tuple[str, ...]
-    message: str
-
-    def __str__(self) -> str:
-        return self.message
+_TP, _PP, _CP = "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"
+_EP, _ETP, _VPP = "expert_model_parallel_size", "expert_tensor_parallel_size", "virtual_pipeline_model_parallel_size"
+_MBS = "micro_batch_size"
 
 
 class InvalidStrategy(ValueError):
@@ -42,143 +50,120 @@ class InvalidStrategy(ValueError):
         return list(seen)
 
 
-def _pipeline_split(w: Workload, s: Strategy) -> list[Violation]:
-    """Layers over PP stages and VPP chunks, with optional uneven first/last stages."""
-    out: list[Violation] = []
-    layers, pp, vpp = w.model.num_layers, s.pp, s.vpp
-    first, last = s.decoder_first_pipeline_num_layers, s.decoder_last_pipeline_num_layers
-    if layers < pp:
-        return [Violation(("pipeline_model_parallel_size",),
-                          f"PP ({pp}) must not exceed num_layers ({layers})")]
-    if (first or last) and pp == 1:
-        return [Violation(("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"),
-                          "uneven first/last pipeline stages need PP > 1")]
-    if not first and not last:
-        if layers % pp:
-            out.append(Violation(("pipeline_model_parallel_size",),
-                                 f"num_layers ({layers}) must be divisible by PP ({pp})"))
-        elif (layers // pp) % vpp:
-            out.append(Violation(("virtual_pipeline_model_parallel_size", "pipeline_model_parallel_size"),
-                                 f"layers per pipeline rank ({layers // pp}) must be divisible by VPP ({vpp})"))
-        return out
-    middle_layers, middle_stages = layers, pp
-    for name, count in (("decoder_first_pipeline_num_layers", first), ("decoder_last_pipeline_num_layers", last)):
-        if count:
-            if count % vpp:
-                out.append(Violation((name, "virtual_pipeline_model_parallel_size"),
-                                     f"{PAPER_NAMES[name]} ({count}) must be divisible by VPP ({vpp})"))
-            middle_layers -= count
-            middle_stages -= 1
-    if middle_layers < 0 or bool(middle_layers) != bool(middle_stages):
-        out.append(Violation(("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-                              "pipeline_model_parallel_size"),
-                             f"first/last stage layers leave {middle_layers} layers for {middle_stages} "
-                             f"middle stages of PP ({pp}) with num_layers ({layers})"))
-    elif middle_stages:
-        if middle_layers % middle_stages:
-            out.append(Violation(("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-                                  "pipeline_model_parallel_size"),
-                                 f"middle layers ({middle_layers}) must be divisible by the {middle_stages} "
-                                 f"middle pipeline stages"))
-        elif (middle_layers // middle_stages) % vpp:
-            out.append(Violation(("virtual_pipeline_model_parallel_size",),
-                                 f"layers per middle pipeline rank ({middle_layers // middle_stages}) must be "
-                                 f"divisible by VPP ({vpp})"))
+@dataclass(frozen=True)
+class Rule:
+    """One check and the Strategy fields it reads: a generator may run it as soon as they are set
+    (`optico.candidates`). ETP's default is TP, so rules reading ETP read TP too."""
+
+    reads: frozenset[str]
+    check: Callable[[Workload, Strategy, ParallelDims], list[Violation]]
+
+
+def _heads(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
+    """Heads, query groups and the TP-split GEMM widths (megatron-core: TransformerConfig and the
+    column-parallel layers' divide())."""
+    m, tp, out = w.model, s.tp, []
+    if m.num_attention_heads % tp:
+        out.append(Violation((_TP,), f"num_attention_heads ({m.num_attention_heads}) must be divisible by TP ({tp})"))
+    if m.groups % tp and tp % m.groups:
+        out.append(Violation((_TP,), f"num_query_groups ({m.groups}) must be a multiple or divisor of TP ({tp})"))
+    for what, width in m.dense_ffn_widths():
+        if width % tp:
+            out.append(Violation((_TP,), f"{what} ({width}) must be divisible by TP ({tp})"))
     return out
+
+
+def _expert_width(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
+    m = w.model
+    if m.is_moe and m.expert_ffn % s.etp:
+        return [Violation((_ETP, _TP), f"moe_ffn_hidden_size ({m.expert_ffn}) must be divisible by ETP ({s.etp})")]
+    return []
+
+
+def _experts(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
+    m, ep = w.model, s.ep
+    if ep == 1:
+        return []
+    if not m.is_moe:
+        return [Violation((_EP,), f"EP ({ep}) needs an MoE model (num_experts)")]
+    if m.num_experts % ep:
+        return [Violation((_EP,), f"num_experts ({m.num_experts}) must be divisible by EP ({ep})")]
+    return []
+
+
+def _dense_grid(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
+    return d.grid_errors()[:1] if w.world_size % d.model_parallel else []
+
+
+def _expert_grid(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
+    return [v for v in d.grid_errors() if "ETP·EP·PP" in v.message]
+
+
+def _batch(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
+    """The micro-batch calculator's check; says nothing while TP·PP·CP does not tile the world."""
+    if w.world_size % d.model_parallel or not w.global_batch_size % (s.mbs * d.dp):
+        return []
+    return [Violation((_MBS, _TP, _PP, _CP), f"global_batch_size ({w.global_batch_size}) must be divisible by "
+                                             f"MICRO_BATCH_SIZE·DP ({s.mbs}·{d.dp} = {s.mbs * d.dp})")]
+
+
+def _interleaved(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
+    """The interleaved schedule (megatron-core schedules.py): micro-batches divisible by PP."""
+    if s.vpp == 1 or s.pp == 1 or w.world_size % d.model_parallel or w.global_batch_size % (s.mbs * d.dp):
+        return []
+    micro = d.microbatches(w.global_batch_size, s.mbs)
+    if micro % s.pp:
+        return [Violation((_VPP, _MBS, _PP), f"the interleaved schedule needs the number of micro-batches "
+                                             f"({micro}) divisible by PP ({s.pp})")]
+    return []
+
+
+def _context(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
+    if s.cp > 1 and w.seq_length % (2 * s.cp):
+        return [Violation((_CP,), f"seq_length ({w.seq_length}) must be divisible by 2·CP ({2 * s.cp})")]
+    return []
+
+
+def _split(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
+    return d.split_errors(w.model.num_layers)
+
+
+def _coupling_rule(k: Knob, req: Requires) -> Rule:
+    def check(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
+        if k.active(s) and not req.holds(s, w):
+            return [Violation((k.name, *req.involves), req.text(s, w))]
+        return []
+
+    return Rule(frozenset({k.name, *req.involves}), check)
+
+
+_SPLIT_FIELDS = frozenset({_PP, _VPP, "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                           "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"})
+STRUCTURAL: tuple[Rule, ...] = (
+    Rule(frozenset({_TP}), _heads),
+    Rule(frozenset({_TP, _ETP}), _expert_width),
+    Rule(frozenset({_EP}), _experts),
+    Rule(frozenset({_TP, _PP, _CP}), _dense_grid),
+    Rule(frozenset({_TP, _PP, _EP, _ETP}), _expert_grid),
+    Rule(frozenset({_TP, _PP, _CP, _MBS}), _batch),
+    Rule(frozenset({_TP, _PP, _CP, _MBS, _VPP}), _interleaved),
+    Rule(frozenset({_CP}), _context),
+    Rule(_SPLIT_FIELDS, _split),
+)
+COUPLINGS: tuple[Rule, ...] = tuple(_coupling_rule(k, req) for k in KNOBS for req in k.requires)
+RULES: tuple[Rule, ...] = STRUCTURAL + COUPLINGS
+
+
+def couplings(w: Workload, s: Strategy) -> list[Violation]:
+    """Every `Requires` of every knob that is off its default and broken."""
+    dims = ParallelDims.of(s, w.world_size)
+    return [v for rule in COUPLINGS for v in rule.check(w, s, dims)]
 
 
 def violations(w: Workload, s: Strategy) -> list[Violation]:
-    """Every rule `s` breaks for `w`; empty when Megatron-LM would accept it."""
-    m, out = w.model, []
-    tp, pp, cp, ep, vpp, world = s.tp, s.pp, s.cp, s.ep, s.vpp, w.world_size
-
-    # Tensor parallel: heads and GQA groups split over TP ranks.
-    if m.num_attention_heads % tp:
-        out.append(Violation(("tensor_model_parallel_size",),
-                             f"num_attention_heads ({m.num_attention_heads}) must be divisible by TP ({tp})"))
-    if m.groups % tp and tp % m.groups:
-        out.append(Violation(("tensor_model_parallel_size",),
-                             f"num_query_groups ({m.groups}) must be a multiple or divisor of TP ({tp})"))
-    # World size and data parallel.
-    if world % (tp * pp * cp):
-        out.append(Violation(("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"),
-                             f"world size ({world}) must be divisible by TP·PP·CP ({tp}·{pp}·{cp} = {tp * pp * cp})"))
-        return out  # everything below needs DP
-    dp = s.dp(world)
-    if w.global_batch_size % (s.mbs * dp):
-        out.append(Violation(("micro_batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                              "context_parallel_size"),
-                             f"global_batch_size ({w.global_batch_size}) must be divisible by "
-                             f"MICRO_BATCH_SIZE·DP ({s.mbs}·{dp} = {s.mbs * dp})"))
-    out += _pipeline_split(w, s)
-
-    # Interleaved (virtual) pipeline.
-    if vpp > 1:
-        if pp == 1:
-            out.append(Violation(("virtual_pipeline_model_parallel_size", "pipeline_model_parallel_size"),
-                                 f"VPP ({vpp}) needs PP > 1"))
-        elif not s.overlap_p2p_comm and pp <= 2:
-            out.append(Violation(("virtual_pipeline_model_parallel_size", "overlap_p2p_comm"),
-                                 f"VPP without overlapped p2p communication needs PP > 2 (PP is {pp})"))
-        if s.batch_p2p_comm:
-            out.append(Violation(("virtual_pipeline_model_parallel_size", "batch_p2p_comm"),
-                                 "VPP must not be combined with batched p2p communication"))
-        if pp > 1 and not w.global_batch_size % (s.mbs * dp):
-            micro = s.num_microbatches(world, w.global_batch_size)
-            if micro % pp:
-                out.append(Violation(("virtual_pipeline_model_parallel_size", "micro_batch_size",
-                                      "pipeline_model_parallel_size"),
-                                     f"the interleaved schedule needs the number of micro-batches ({micro}) "
-                                     f"divisible by PP ({pp})"))
-
-    # Context parallel.
-    if cp > 1 and w.seq_length % (2 * cp):
-        out.append(Violation(("context_parallel_size",),
-                             f"seq_length ({w.seq_length}) must be divisible by 2·CP ({2 * cp})"))
-
-    # Expert parallel.
-    if ep > 1:
-        if not m.is_moe:
-            out.append(Violation(("expert_model_parallel_size",), f"EP ({ep}) needs an MoE model (num_experts)"))
-        else:
-            if m.num_experts % ep:
-                out.append(Violation(("expert_model_parallel_size",),
-                                     f"num_experts ({m.num_experts}) must be divisible by EP ({ep})"))
-            if (dp * cp) % ep:
-                out.append(Violation(("expert_model_parallel_size", "tensor_model_parallel_size",
-                                      "pipeline_model_parallel_size"),
-                                     f"EP ({ep}) must divide DP·CP ({dp}·{cp} = {dp * cp})"))
-            if tp > 1 and not s.sequence_parallel:
-                out.append(Violation(("sequence_parallel", "expert_model_parallel_size", "tensor_model_parallel_size"),
-                                     "expert parallelism with TP > 1 needs sequence parallelism"))
-    if not m.is_moe and (s.moe_grouped_gemm or s.moe_token_dispatcher_type != "allgather"):
-        out.append(Violation(("moe_grouped_gemm", "moe_token_dispatcher_type"), "MoE options need an MoE model"))
-
-    # Sequence parallel and TP communication overlap.
-    if s.sequence_parallel and tp == 1:
-        out.append(Violation(("sequence_parallel", "tensor_model_parallel_size"), "sequence parallelism needs TP > 1"))
-    if s.tp_comm_overlap and not s.sequence_parallel:
-        out.append(Violation(("tp_comm_overlap", "sequence_parallel"),
-                             "TP communication overlap needs sequence parallelism"))
-
-    # Optimizer and gradient overlap.
-    if s.overlap_param_gather and not s.use_distributed_optimizer:
-        out.append(Violation(("overlap_param_gather", "use_distributed_optimizer"),
-                             "overlap param gather needs the distributed optimizer"))
-    if s.overlap_param_gather and not s.overlap_grad_reduce:
-        out.append(Violation(("overlap_param_gather", "overlap_grad_reduce"),
-                             "overlap param gather needs overlap grad reduce"))
-
-    # Activation recompute.
-    if s.recompute_granularity == "selective" and s.recompute_method is not None:
-        out.append(Violation(("recompute_method",), "selective recompute takes no recompute method"))
-    if s.recompute_granularity == "full" and s.recompute_num_layers:
-        per_chunk = max(1, m.num_layers // (pp * vpp))
-        if s.recompute_num_layers > per_chunk:
-            out.append(Violation(("recompute_num_layers",),
-                                 f"AC_LAYERS ({s.recompute_num_layers}) must be between 1 and the layers per "
-                                 f"pipeline chunk ({per_chunk})"))
-    return out
+    """Every rule `s` breaks for `w`; empty when Megatron would accept it."""
+    dims = ParallelDims.of(s, w.world_size)
+    return [v for rule in RULES for v in rule.check(w, s, dims)]
 
 
 def check(w: Workload, s: Strategy) -> None:

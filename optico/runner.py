@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from optico.agents.analysis import RulesAnalysis
 from optico.agents.failure import RulesFailureAnalysis
 from optico.agents.generation import RulesGeneration
+from optico.candidates import candidate_pool
 from optico.checkpoint import open_checkpointer, thread_config
 from optico.events import JobFinished
 from optico.guard import Guard
@@ -65,10 +66,11 @@ def new_worker_id(role: str = "worker") -> str:
 
 
 def search_pool(spec: JobSpec, launcher: Launcher) -> tuple[list[Strategy], list[Strategy] | None]:
-    """(every strategy the job may run, the launcher's finite set or None)."""
+    """(the strategies the agents score — the valid space, or for a large space its coarse lattice
+    plus the moves around each reference, see optico.candidates — and the launcher's finite set or None)."""
     candidates = launcher.candidates(spec.workload)
     if candidates is None:
-        return list(spec.search_space.enumerate(spec.workload)), None
+        return candidate_pool(spec.search_space, spec.workload), None
     inside = [s for s in candidates if spec.search_space.contains(s)]
     return inside, inside
 

@@ -25,7 +25,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PositiveInt, Va
 
 from optico.errors import SpecError
 from optico.input_files import MAX_SPEC_BYTES, check_replay_csv, decode_text, read_calibration, read_text, resolve
-from optico.launchers.program import ProgramSpec
+from optico.programs import ProgramSpec
 from optico.rules import is_valid, violations
 from optico.safe_yaml import load_yaml
 from optico.search_space import SearchSpace

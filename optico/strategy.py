@@ -1,8 +1,9 @@
 """What is tuned: one Megatron parallel/memory/overlap configuration.
 
-Field names are Megatron-LM's argument names, so a strategy renders to flags
-one-to-one. The data-parallel size is derived (world / (TP·PP·CP)), never set.
-Validity against a workload lives in `optico.rules`.
+The fields are the knobs of `optico.knobs` (Megatron-LM's argument names, in registry order),
+so a strategy renders to flags one-to-one; the class is built from the registry and adds no
+field of its own. The data-parallel size is derived (world / (TP·PP·CP)), never set. Validity
+against a workload lives in `optico.rules`; the derived parallel layout in `optico.parallel`.
 """
 
 from __future__ import annotations
@@ -10,42 +11,52 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-RecomputeGranularity = Literal["full", "selective"]
-RecomputeMethod = Literal["uniform", "block"]
-Dispatcher = Literal["allgather", "alltoall", "flex"]
+from optico.knobs import ALIASES, BY_NAME, KNOBS, PAPER_NAMES, RETIRED, SIGNATURE_BASE_VERSION, Knob, canonical_name
+
+__all__ = ["Strategy", "FIELDS", "ALIASES", "PAPER_NAMES", "canonical_field", "strategy_from_mapping",
+           "display_value"]
 
 
-class Strategy(BaseModel):
-    """A complete configuration of the tuned knobs. Defaults are Megatron-LM's."""
+class _StrategyBase(BaseModel):
+    """A complete configuration of the tuned knobs. Defaults are Megatron-LM's.
+
+    Written one way on construction: VPP 1 is no VPP; recompute method and layer count mean
+    nothing without full recompute (and default to uniform, 1 with it); ETP equal to TP is the
+    default (None)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tensor_model_parallel_size: PositiveInt = 1
-    pipeline_model_parallel_size: PositiveInt = 1
-    context_parallel_size: PositiveInt = 1
-    expert_model_parallel_size: PositiveInt = 1
-    virtual_pipeline_model_parallel_size: PositiveInt | None = Field(
-        None, description="Model chunks per pipeline rank (interleaved 1F1B); None or 1 = not interleaved.")
-    micro_batch_size: PositiveInt = 1
-    sequence_parallel: bool = False
-    recompute_granularity: RecomputeGranularity | None = None
-    recompute_method: RecomputeMethod | None = None
-    recompute_num_layers: PositiveInt | None = None
-    use_distributed_optimizer: bool = False
-    overlap_grad_reduce: bool = False
-    overlap_param_gather: bool = False
-    tp_comm_overlap: bool = False
-    cross_entropy_loss_fusion: bool = False
-    decoder_first_pipeline_num_layers: PositiveInt | None = None
-    decoder_last_pipeline_num_layers: PositiveInt | None = None
-    overlap_p2p_comm: bool = True
-    batch_p2p_comm: bool = False
-    moe_token_dispatcher_type: Dispatcher = "allgather"
-    moe_grouped_gemm: bool = False
+    # Set by `strategy_class` from the registry: what the signature hashes, what rows may still name.
+    _always_hashed: ClassVar[tuple[str, ...]] = ()
+    _hashed_if_set: ClassVar[dict[str, Any]] = {}
+    _retired: ClassVar[frozenset[str]] = frozenset()
+    _retired_hashed: ClassVar[dict[str, Any]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _canonical(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if k not in cls._retired}  # rows naming a removed knob still read
+        if data.get("virtual_pipeline_model_parallel_size") == 1:
+            data["virtual_pipeline_model_parallel_size"] = None
+        if data.get("recompute_granularity") != "full":
+            for key in ("recompute_method", "recompute_num_layers"):
+                if data.get(key) is not None:
+                    data[key] = None
+        else:
+            if data.get("recompute_method") is None:
+                data["recompute_method"] = "uniform"
+            if data.get("recompute_num_layers") is None:
+                data["recompute_num_layers"] = 1
+        etp = data.get("expert_tensor_parallel_size")
+        if etp is not None and etp == data.get("tensor_model_parallel_size", 1):
+            data["expert_tensor_parallel_size"] = None
+        return data
 
     # -- derived facts -------------------------------------------------------------
     @property
@@ -63,6 +74,11 @@ class Strategy(BaseModel):
     @property
     def ep(self) -> int:
         return self.expert_model_parallel_size
+
+    @property
+    def etp(self) -> int:
+        """Expert tensor parallel size; Megatron's default is TP."""
+        return self.expert_tensor_parallel_size or self.tensor_model_parallel_size
 
     @property
     def vpp(self) -> int:
@@ -90,23 +106,8 @@ class Strategy(BaseModel):
 
     # -- identity --------------------------------------------------------------------
     def normalized(self) -> "Strategy":
-        """The same configuration written one way: VPP 1 is no VPP; recompute method and
-        layer count mean nothing without full recompute."""
-        return self._normalized
-
-    @cached_property
-    def _normalized(self) -> "Strategy":
-        updates: dict[str, Any] = {}
-        if self.virtual_pipeline_model_parallel_size == 1:
-            updates["virtual_pipeline_model_parallel_size"] = None
-        if self.recompute_granularity != "full":
-            updates["recompute_method"] = None
-            updates["recompute_num_layers"] = None
-        elif self.recompute_method is None:
-            updates["recompute_method"] = "uniform"
-        if self.recompute_granularity == "full" and self.recompute_num_layers is None:
-            updates["recompute_num_layers"] = 1
-        return self.model_copy(update=updates) if updates else self
+        """The same configuration written one way (construction already does it)."""
+        return self  # type: ignore[return-value]
 
     def signature(self) -> str:
         """Canonical identity for duplicate checks: equal for equivalent configurations."""
@@ -114,63 +115,45 @@ class Strategy(BaseModel):
 
     @cached_property
     def _signature(self) -> str:
-        payload = json.dumps(self.normalized().model_dump(mode="json"), sort_keys=True)
-        return hashlib.sha1(payload.encode()).hexdigest()[:16]
+        # Schema 1 hashed every knob it had; later knobs are hashed only off their default, so
+        # adding a knob leaves every stored signature as it was (and retired ones hash at the value
+        # they had then).
+        data = self.model_dump(mode="json")
+        cls = type(self)
+        payload = {name: data[name] for name in cls._always_hashed}
+        payload.update({name: data[name] for name, default in cls._hashed_if_set.items() if data[name] != default})
+        payload.update(cls._retired_hashed)
+        text = json.dumps(payload, sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "Strategy":
+        """A copy (not validated, as pydantic's); the cached signature is the original's, so dropped."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("_signature", None)
+        return copy  # type: ignore[return-value]
 
     def changed(self, **updates: Any) -> "Strategy":
         """A validated copy with `updates` applied (model_copy does not validate)."""
         data = self.model_dump()
         data.update(updates)
-        return Strategy.model_validate(data).normalized()
+        return type(self).model_validate(data)  # type: ignore[return-value]
 
     def diff(self, other: "Strategy") -> dict[str, tuple[Any, Any]]:
         """Fields whose values differ: name -> (self's, other's)."""
-        a, b = self.normalized().model_dump(), other.normalized().model_dump()
+        a, b = self.model_dump(), other.model_dump()
         return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 
     # -- rendering -------------------------------------------------------------------
     def megatron_args(self) -> list[str]:
-        """Megatron-LM command-line flags for this strategy."""
-        s = self.normalized()
-        args = [
-            "--tensor-model-parallel-size", str(s.tp),
-            "--pipeline-model-parallel-size", str(s.pp),
-            "--context-parallel-size", str(s.cp),
-            "--micro-batch-size", str(s.mbs),
-        ]
-        if s.ep > 1:
-            args += ["--expert-model-parallel-size", str(s.ep)]
-        if s.virtual_pipeline_model_parallel_size:
-            args += ["--num-virtual-stages-per-pipeline-rank", str(s.virtual_pipeline_model_parallel_size)]
-        if s.decoder_first_pipeline_num_layers:
-            args += ["--decoder-first-pipeline-num-layers", str(s.decoder_first_pipeline_num_layers)]
-        if s.decoder_last_pipeline_num_layers:
-            args += ["--decoder-last-pipeline-num-layers", str(s.decoder_last_pipeline_num_layers)]
-        if s.sequence_parallel:
-            args.append("--sequence-parallel")
-        if s.recompute_granularity:
-            args += ["--recompute-granularity", s.recompute_granularity]
-        if s.recompute_method:
-            args += ["--recompute-method", s.recompute_method, "--recompute-num-layers", str(s.recompute_num_layers)]
-        for flag, on in [
-            ("--use-distributed-optimizer", s.use_distributed_optimizer),
-            ("--overlap-grad-reduce", s.overlap_grad_reduce),
-            ("--overlap-param-gather", s.overlap_param_gather),
-            ("--tp-comm-overlap", s.tp_comm_overlap),
-            ("--cross-entropy-loss-fusion", s.cross_entropy_loss_fusion),
-            ("--moe-grouped-gemm", s.moe_grouped_gemm),
-        ]:
-            if on:
-                args.append(flag)
-        if s.virtual_pipeline_model_parallel_size and not s.overlap_p2p_comm:
-            args.append("--no-overlap-p2p-communication")
-        if s.ep > 1 or s.moe_token_dispatcher_type != "allgather":
-            args += ["--moe-token-dispatcher-type", s.moe_token_dispatcher_type]
+        """Megatron-LM command-line flags for this strategy, in registry order."""
+        args: list[str] = []
+        for k in KNOBS:
+            args += k.args(self)  # type: ignore[arg-type]
         return args
 
     def short(self) -> str:
         """A one-line summary for tables: 'TP2 PP1 CP1 MBS1 AC=none DO'."""
-        s = self.normalized()
+        s = self
         parts = [f"TP{s.tp}", f"PP{s.pp}"]
         if s.vpp > 1:
             parts.append(f"VPP{s.vpp}")
@@ -178,92 +161,81 @@ class Strategy(BaseModel):
             parts.append(f"CP{s.cp}")
         if s.ep > 1:
             parts.append(f"EP{s.ep}")
+        if s.expert_tensor_parallel_size is not None:
+            parts.append(f"ETP{s.expert_tensor_parallel_size}")
         parts.append(f"MBS{s.mbs}")
         ac = s.recompute
         if s.recompute_granularity == "full":
             ac += f"/{s.recompute_method}{s.recompute_num_layers}"
+        if s.cpu_offloading_num_layers:
+            ac += f"+offload{s.cpu_offloading_num_layers}"
         parts.append(f"AC={ac}")
         flags = [name for name, on in [("SP", s.sequence_parallel), ("DO", s.use_distributed_optimizer),
                                        ("OG", s.overlap_grad_reduce), ("OP", s.overlap_param_gather),
-                                       ("TPO", s.tp_comm_overlap), ("CE", s.cross_entropy_loss_fusion)] if on]
+                                       ("TPO", s.tp_comm_overlap), ("CE", s.cross_entropy_loss_fusion),
+                                       ("EPO", s.overlap_moe_expert_parallel_comm)] if on]
         if s.decoder_first_pipeline_num_layers or s.decoder_last_pipeline_num_layers:
             parts.append(f"first{s.decoder_first_pipeline_num_layers or '-'}/last{s.decoder_last_pipeline_num_layers or '-'}")
+        if s.account_for_embedding_in_pipeline_split or s.account_for_loss_in_pipeline_split:
+            parts.append("split+" + "+".join(n for n, on in [("emb", s.account_for_embedding_in_pipeline_split),
+                                                              ("loss", s.account_for_loss_in_pipeline_split)] if on))
         return " ".join(parts + flags)
 
 
+def _json(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+def strategy_class(knobs: tuple[Knob, ...], retired: dict[str, tuple[Any, int]]) -> type[_StrategyBase]:
+    """The Strategy model of a registry: one field per knob, the signature schema, the retired names.
+    (The project has one registry; tests build others to show what adding or removing a knob does.)"""
+    cls = create_model(  # type: ignore[call-overload]
+        "Strategy",
+        __base__=_StrategyBase,
+        __module__=__name__,
+        **{k.name: (k.annotation, Field(k.default, description=k.doc)) for k in knobs},
+    )
+    cls.__doc__ = _StrategyBase.__doc__
+    cls._always_hashed = tuple(k.name for k in knobs if k.since <= SIGNATURE_BASE_VERSION)
+    cls._hashed_if_set = {k.name: _json(k.default) for k in knobs if k.since > SIGNATURE_BASE_VERSION}
+    cls._retired = frozenset(retired)
+    cls._retired_hashed = {name: _json(default) for name, (default, since) in retired.items()
+                           if since <= SIGNATURE_BASE_VERSION}
+    return cls
+
+
+Strategy = strategy_class(KNOBS, RETIRED)
+
 FIELDS: tuple[str, ...] = tuple(Strategy.model_fields)
-
-# Short names accepted in specs and printed in suggestions, as the paper writes them.
-ALIASES: dict[str, str] = {
-    "tp": "tensor_model_parallel_size",
-    "pp": "pipeline_model_parallel_size",
-    "cp": "context_parallel_size",
-    "ep": "expert_model_parallel_size",
-    "vpp": "virtual_pipeline_model_parallel_size",
-    "mbs": "micro_batch_size",
-    "sp": "sequence_parallel",
-    "recompute": "recompute_granularity",
-    "distributed_optimizer": "use_distributed_optimizer",
-}
-
-PAPER_NAMES: dict[str, str] = {
-    "tensor_model_parallel_size": "TP",
-    "pipeline_model_parallel_size": "PP",
-    "context_parallel_size": "CP",
-    "expert_model_parallel_size": "EP",
-    "virtual_pipeline_model_parallel_size": "VPP",
-    "micro_batch_size": "MICRO_BATCH_SIZE",
-    "sequence_parallel": "SEQUENCE_PARALLEL",
-    "recompute_granularity": "AC",
-    "recompute_method": "AC_METHOD",
-    "recompute_num_layers": "AC_LAYERS",
-    "use_distributed_optimizer": "DISTRIBUTED_OPTIMIZER",
-    "overlap_grad_reduce": "OVERLAP_GRAD_REDUCE",
-    "overlap_param_gather": "OVERLAP_PARAM_GATHER",
-    "tp_comm_overlap": "TP_COMM_OVERLAP",
-    "cross_entropy_loss_fusion": "FUSED_CROSS_ENTROPY",
-    "decoder_first_pipeline_num_layers": "FIRST_PP_NUM_LAYERS",
-    "decoder_last_pipeline_num_layers": "LAST_PP_NUM_LAYERS",
-    "overlap_p2p_comm": "OVERLAP_P2P_COMM",
-    "batch_p2p_comm": "BATCH_P2P_COMM",
-    "moe_token_dispatcher_type": "MOE_DISPATCHER",
-    "moe_grouped_gemm": "MOE_GROUPED_GEMM",
-}
-_FROM_PAPER = {v.lower(): k for k, v in PAPER_NAMES.items()}
 
 
 def canonical_field(name: str) -> str:
     """Resolves 'tp', 'TP', 'MICRO_BATCH_SIZE' or a Megatron name to the Strategy field.
 
     Raises KeyError naming the accepted names when `name` is none of them."""
-    key = name.strip().lower().replace("-", "_").lstrip("_")
-    if key in Strategy.model_fields:
-        return key
-    if key in ALIASES:
-        return ALIASES[key]
-    if key in _FROM_PAPER:
-        return _FROM_PAPER[key]
-    raise KeyError(f"unknown strategy parameter {name!r}; known: {', '.join(FIELDS)} "
-                   f"(short names: {', '.join(ALIASES)})")
+    return canonical_name(name)
 
 
-def strategy_from_mapping(data: dict[str, Any]) -> Strategy:
+def strategy_from_mapping(data: dict[str, Any]) -> "Strategy":
     """Builds a Strategy from a mapping that may use short or paper names.
 
-    'recompute: none' is accepted for no recompute."""
+    'recompute: none' is accepted for no recompute; retired knobs are dropped."""
     resolved: dict[str, Any] = {}
     for raw_key, value in data.items():
+        if str(raw_key) in RETIRED:  # a knob that no longer exists: its value means nothing now
+            continue
         key = canonical_field(str(raw_key))
         if key == "recompute_granularity" and isinstance(value, str) and value.lower() in ("none", "no", "off"):
             value = None
         resolved[key] = value
-    return Strategy.model_validate(resolved).normalized()
+    return Strategy.model_validate(resolved)
 
 
 def display_value(field: str, value: Any) -> str:
     """How a value is written in suggestions: AC None -> 'none'."""
-    if field == "recompute_granularity" and value is None:
-        return "none"
+    k = BY_NAME.get(field)
+    if k is not None:
+        return k.show(value)
     if value is None:
         return "none"
     if isinstance(value, bool):

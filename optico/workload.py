@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
+from functools import cached_property
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from optico.gpus import GPUS, GpuSpec, Precision, normalize_gpu_name
 
 
+# Layer kinds: (mixer, mlp). A GPT layer has both; a hybrid model's pattern letters are one each
+# (Megatron's --hybrid-override-pattern: M Mamba, * attention, - MLP, E MoE).
+Mixer = Literal["attention", "mla", "mamba"]
+Mlp = Literal["dense", "moe"]
+LayerKind = tuple["Mixer | None", "Mlp | None"]
+_HYBRID = {"M": ("mamba", None), "*": ("attention", None), "-": (None, "dense"), "E": (None, "moe")}
+# Fields added after the first workload-key schema: left out of `Workload.key` at their default, so
+# the keys of earlier pools (warm start) stay what they were.
+_KEY_V1_OMIT_AT_DEFAULT = ("multi_latent_attention", "mtp_num_layers", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+                           "qk_pos_emb_head_dim", "v_head_dim", "moe_layer_freq", "hybrid_override_pattern",
+                           "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads")
+
+
 class ModelArch(BaseModel):
-    """A GPT/Llama-style decoder, in Megatron-LM's argument names."""
+    """A GPT/Llama-style decoder, in Megatron-LM's argument names; with MLA attention
+    (DeepSeek-V3, Moonlight, Kimi-K2), MoE layer patterns (dense first layers) and hybrid
+    Mamba/attention layer patterns (Nemotron-H)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -30,10 +46,29 @@ class ModelArch(BaseModel):
     moe_router_topk: PositiveInt = 2
     moe_ffn_hidden_size: PositiveInt | None = Field(None, description="Per-expert FFN width; None = ffn_hidden_size.")
     moe_shared_expert_intermediate_size: PositiveInt | None = None
+    moe_layer_freq: PositiveInt | list[int] = Field(
+        1, description="Which layers are MoE: every Nth (N), or a 0/1 list per layer (Megatron-LM's "
+                       "--moe-layer-freq); DeepSeek-V3 is three dense layers, then MoE.")
+    multi_latent_attention: bool = Field(False, description="MLA: low-rank compressed q and kv (DeepSeek-V2/V3).")
+    q_lora_rank: PositiveInt | None = Field(None, description="MLA: query compression rank; None = no compression.")
+    kv_lora_rank: PositiveInt = Field(512, description="MLA: key/value compression rank.")
+    qk_head_dim: PositiveInt = Field(128, description="MLA: query/key head dimension without the RoPE part.")
+    qk_pos_emb_head_dim: PositiveInt = Field(64, description="MLA: the RoPE part of the query/key head.")
+    v_head_dim: PositiveInt = Field(128, description="MLA: value head dimension.")
+    mtp_num_layers: PositiveInt | None = Field(None, description="Multi-token prediction layers after the "
+                                                                   "decoder (DeepSeek-V3: 1), on the last stage.")
+    hybrid_override_pattern: str | None = Field(
+        None, description="Hybrid model: one letter per layer, M Mamba, * attention, - MLP, E MoE "
+                          "(Megatron-LM's --hybrid-override-pattern); None = a GPT decoder.")
+    mamba_state_dim: PositiveInt = 128
+    mamba_head_dim: PositiveInt = 64
+    mamba_num_groups: PositiveInt = 8
+    mamba_num_heads: PositiveInt | None = Field(None, description="None = 2·hidden / mamba_head_dim.")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelArch":
-        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads \
+                and not self.multi_latent_attention:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
                 f"({self.num_attention_heads}) unless kv_channels is given")
@@ -44,6 +79,16 @@ class ModelArch(BaseModel):
         if self.num_experts and self.moe_router_topk > self.num_experts:
             raise ValueError(
                 f"moe_router_topk ({self.moe_router_topk}) must not exceed num_experts ({self.num_experts})")
+        if isinstance(self.moe_layer_freq, list) and len(self.moe_layer_freq) != self.num_layers:
+            raise ValueError(f"moe_layer_freq has {len(self.moe_layer_freq)} entries for {self.num_layers} layers")
+        pattern = self.hybrid_override_pattern
+        if pattern is not None:
+            bad = set(pattern) - set(_HYBRID)
+            if bad:
+                raise ValueError(f"hybrid_override_pattern: unknown layer letters {''.join(sorted(bad))} "
+                                 f"(M Mamba, * attention, - MLP, E MoE)")
+            if len(pattern) != self.num_layers:
+                raise ValueError(f"hybrid_override_pattern has {len(pattern)} layers, num_layers is {self.num_layers}")
         return self
 
     @property
@@ -59,33 +104,117 @@ class ModelArch(BaseModel):
         return bool(self.num_experts and self.num_experts > 1)
 
     @property
+    def is_hybrid(self) -> bool:
+        return self.hybrid_override_pattern is not None
+
+    @property
     def expert_ffn(self) -> int:
         return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    @property
+    def mamba_heads(self) -> int:
+        return self.mamba_num_heads or 2 * self.hidden_size // self.mamba_head_dim
+
+    def dense_ffn_widths(self) -> list[tuple[str, int]]:
+        """GEMM widths split over TP (not ETP): the dense MLP where the model has one, the shared
+        expert. Megatron's column-parallel layers need them divisible by TP."""
+        kinds = set(self._layer_kinds)
+        out = []
+        if any(mlp == "dense" for _, mlp in kinds):
+            out.append(("ffn_hidden_size", self.ffn_hidden_size))
+        if self.is_moe and self.moe_shared_expert_intermediate_size:
+            out.append(("moe_shared_expert_intermediate_size", self.moe_shared_expert_intermediate_size))
+        return out
+
+    # -- layers --------------------------------------------------------------------------------
+    def layer_kinds(self) -> list[LayerKind]:
+        """(mixer, mlp) of every layer, in order."""
+        return list(self._layer_kinds)
+
+    @cached_property
+    def _layer_kinds(self) -> tuple[LayerKind, ...]:
+        return tuple(self._compute_layer_kinds())
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "ModelArch":
+        """A copy; a value cached from the original's fields is dropped, it may not hold for the copy's."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("_layer_kinds", None)
+        return copy
+
+    def _compute_layer_kinds(self) -> list[LayerKind]:
+        if self.hybrid_override_pattern is not None:
+            return [_HYBRID[c] for c in self.hybrid_override_pattern]
+        mixer = "mla" if self.multi_latent_attention else "attention"
+        if not self.is_moe:
+            return [(mixer, "dense")] * self.num_layers
+        freq = self.moe_layer_freq
+        pattern = freq if isinstance(freq, list) else [1 if i % freq == 0 else 0 for i in range(self.num_layers)]
+        return [(mixer, "moe" if p else "dense") for p in pattern]
+
+    def mixer_params(self, mixer: str | None) -> tuple[float, float]:
+        """(TP-split, replicated) parameters of one mixer: attention, MLA or Mamba (norm included)."""
+        h = self.hidden_size
+        if mixer == "attention":
+            q, kv = self.head_dim * self.num_attention_heads, self.head_dim * self.groups
+            return float(h * (q + 2 * kv) + q * h), float(h)
+        if mixer == "mla":
+            n, rope = self.num_attention_heads, self.qk_pos_emb_head_dim
+            q_out = n * (self.qk_head_dim + rope)
+            split = self.kv_lora_rank * n * (self.qk_head_dim + self.v_head_dim) + n * self.v_head_dim * h
+            replicated = h * (self.kv_lora_rank + rope) + self.kv_lora_rank + h
+            if self.q_lora_rank is None:
+                split += h * q_out
+            else:  # the down projections are not split over TP (megatron's MLA)
+                split += self.q_lora_rank * q_out
+                replicated += h * self.q_lora_rank + self.q_lora_rank
+            return float(split), float(replicated)
+        if mixer == "mamba":
+            d_in, g, st, nh = 2 * h, self.mamba_num_groups, self.mamba_state_dim, self.mamba_heads
+            in_proj = h * (2 * d_in + 2 * g * st + nh)
+            conv = (d_in + 2 * g * st) * 4
+            return float(in_proj + conv + 3 * nh + d_in + d_in * h), float(h)
+        return 0.0, 0.0
+
+    def mlp_params(self, mlp: str | None) -> tuple[float, float]:
+        """(dense, expert) parameters of one MLP: dense, or MoE (all routed experts as expert
+        parameters; router and shared expert as dense)."""
+        h, gate = self.hidden_size, 3 if self.swiglu else 2
+        if mlp == "dense":
+            return float(gate * h * self.ffn_hidden_size + h), 0.0
+        if mlp == "moe":
+            dense = h * self.num_experts + h
+            if self.moe_shared_expert_intermediate_size:
+                dense += gate * h * self.moe_shared_expert_intermediate_size
+            return float(dense), float(self.num_experts * gate * h * self.expert_ffn)
+        return 0.0, 0.0
+
+    def layer_params(self) -> tuple[float, float]:
+        """(mixers + norms, MLPs) parameters averaged over the layers (all experts for MoE)."""
+        mix, mlp = 0.0, 0.0
+        for mixer, kind in self.layer_kinds():
+            mix += sum(self.mixer_params(mixer))
+            mlp += sum(self.mlp_params(kind))
+        return mix / self.num_layers, mlp / self.num_layers
 
     def padded_vocab(self, tp: int = 1, divisible_by: int = 128) -> int:
         """Megatron pads the vocabulary to a multiple of 128·TP."""
         multiple = divisible_by * tp
         return -(-self.vocab_size // multiple) * multiple
 
-    def layer_params(self) -> tuple[float, float]:
-        """(attention + norms, MLP) parameters of one transformer layer (all experts for MoE)."""
-        h, q = self.hidden_size, self.head_dim * self.num_attention_heads
-        kv = self.head_dim * self.groups
-        attention = h * (q + 2 * kv) + q * h + 2 * h
-        gate = 3 if self.swiglu else 2
-        if self.is_moe:
-            mlp = self.num_experts * gate * h * self.expert_ffn + h * self.num_experts
-            if self.moe_shared_expert_intermediate_size:
-                mlp += gate * h * self.moe_shared_expert_intermediate_size
-        else:
-            mlp = gate * h * self.ffn_hidden_size
-        return float(attention), float(mlp)
+    def mtp_params(self) -> float:
+        """Parameters of the multi-token-prediction layers (each: a decoder layer like the last,
+        two norms and the 2h -> h projection; the output layer is shared)."""
+        if not self.mtp_num_layers:
+            return 0.0
+        mixer, mlp = self.layer_kinds()[-1]
+        h = self.hidden_size
+        return self.mtp_num_layers * (sum(self.mixer_params(mixer)) + sum(self.mlp_params(mlp)) + 2 * h * h + 3 * h)
 
     def num_params(self) -> float:
         attention, mlp = self.layer_params()
         embed = self.padded_vocab() * self.hidden_size
         outputs = embed if self.untie_embeddings_and_output_weights else 0
-        return self.num_layers * (attention + mlp) + embed + outputs + self.hidden_size
+        return self.num_layers * (attention + mlp) + embed + outputs + self.hidden_size + self.mtp_params()
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, groups: int | None, ffn: int, vocab: int,
@@ -114,6 +243,38 @@ PRESETS: dict[str, ModelArch] = {
         _llama("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, kv_channels=128,
                num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=768),
         _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, num_experts=8, moe_router_topk=2),
+        _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, num_experts=8, moe_router_topk=2),
+        _llama("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, kv_channels=128,
+               num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=1536),
+        # xAI's Grok-1 release config: 64 layers, 8 experts top-2, gated expert FFN 32768 (GeGLU).
+        _llama("grok-1", 64, 6144, 48, 8, 32768, 131072, num_experts=8, moe_router_topk=2),
+        # Llama 4 Maverick (HF config): MoE on every second layer, 128 experts top-1 plus a shared expert.
+        _llama("llama4-maverick", 48, 5120, 40, 8, 16384, 202048, kv_channels=128, num_experts=128,
+               moe_router_topk=1, moe_ffn_hidden_size=8192, moe_shared_expert_intermediate_size=8192,
+               moe_layer_freq=[i % 2 for i in range(48)]),
+        # MLA models (HF configs / Megatron-Bridge providers): DeepSeek-V3 and Kimi-K2 (first layers
+        # dense, one shared expert), Moonlight / DeepSeek-V2-Lite (no query compression).
+        _llama("deepseek-v3", 61, 7168, 128, None, 18432, 129280, multi_latent_attention=True, q_lora_rank=1536,
+               num_experts=256, moe_router_topk=8, moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
+               moe_layer_freq=[0] * 3 + [1] * 58, mtp_num_layers=1),
+        _llama("kimi-k2", 61, 7168, 64, None, 18432, 163840, multi_latent_attention=True, q_lora_rank=1536,
+               num_experts=384, moe_router_topk=8, moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
+               moe_layer_freq=[0] + [1] * 60),
+        _llama("moonlight-16b-a3b", 27, 2048, 16, None, 11264, 163840, multi_latent_attention=True,
+               num_experts=64, moe_router_topk=6, moe_ffn_hidden_size=1408, moe_shared_expert_intermediate_size=2816,
+               moe_layer_freq=[0] + [1] * 26),
+        _llama("deepseek-v2-lite", 27, 2048, 16, None, 10944, 102400, multi_latent_attention=True,
+               num_experts=64, moe_router_topk=6, moe_ffn_hidden_size=1408, moe_shared_expert_intermediate_size=2816,
+               moe_layer_freq=[0] + [1] * 26),
+        # Hybrid Mamba/attention (NeMo NemotronHConfig*): squared-ReLU MLPs, GQA 8 groups.
+        _llama("nemotron-h-8b", 52, 4096, 32, 8, 21504, 131072, swiglu=False,
+               hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"),
+        _llama("nemotron-h-47b", 98, 8192, 64, 8, 30720, 131072, swiglu=False, mamba_state_dim=256,
+               hybrid_override_pattern="M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+                                       "M-M---MM---M-M*-M-M-M-M-M-"),
+        _llama("nemotron-h-56b", 118, 8192, 64, 8, 32768, 131072, swiglu=False, mamba_state_dim=256,
+               hybrid_override_pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-"
+                                       "M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"),
         # A tiny model for CPU runs of the real megatron-core driver.
         _llama("tiny-gpt", 4, 64, 4, 2, 128, 1024),
         _llama("tiny-moe", 4, 64, 4, 2, 128, 1024, num_experts=4, moe_router_topk=2),
@@ -205,6 +366,9 @@ class Workload(BaseModel):
         payload = self.model_dump(mode="json", exclude={"framework": True, "model": {"name"}})
         if payload["grad_reduce_in_fp32"] is None:
             del payload["grad_reduce_in_fp32"]  # the default: keys of earlier pools stay valid
+        for name in _KEY_V1_OMIT_AT_DEFAULT:  # likewise for architecture fields added later
+            if payload["model"][name] == ModelArch.model_fields[name].default:
+                del payload["model"][name]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def describe(self) -> str:

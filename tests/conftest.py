@@ -11,7 +11,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
-SHARED_DATA = REPO / "benchmarks" / "data" / "published"  # published measurements, shipped in the repo
+# The published measurements (a copy of the shared data set, shipped in the repository).
+SHARED_DATA = REPO / "benchmarks" / "data" / "published"
 PACKAGED_OPTICO_CSV = REPO / "optico" / "data" / "optico_llama3_8b_a100.csv"
 
 

@@ -12,18 +12,23 @@ from optico.perfmodel.flops import flops_per_iteration
 from optico.replay_csv import (
     COLUMNS,
     ReplayDefaults,
+    ReplayError,
     ReplayRow,
     matches,
     measured_mfu,
     parse_precision,
     read_replay_csv,
+    read_replay_file,
+    variants,
 )
 from optico.workload import PRESETS, Cluster, Workload
 
 REPO = Path(__file__).resolve().parents[1]
+# The published tables, shipped in the repository (a copy of the shared data set).
 SHARED = REPO / "benchmarks" / "data" / "published"
 PACKAGED = REPO / "optico" / "data" / "optico_llama3_8b_a100.csv"
 SHARED_FILES = sorted(p.name for p in SHARED.glob("*.csv"))
+
 
 def shared(name: str) -> list[ReplayRow]:
     return read_replay_csv(SHARED / name)
@@ -37,14 +42,15 @@ def test_every_shared_file_parses(name: str) -> None:
     assert rows, name
     for row in rows:
         assert row.file == name and row.line >= 2
-        if row.usable:
+        if row.read:
             assert row.workload is not None and row.strategy is not None
-            assert row.skip_reason is None
+            assert row.usable == (not row.unknown)
+            assert variants(row), row.where  # an assignment of its unknown cells megatron accepts
         else:
-            assert row.skip_reason
+            assert row.skip_reason and not row.usable
 
 
-def test_packaged_copy_is_the_shared_file() -> None:
+def test_packaged_copy_is_the_published_file() -> None:
     assert filecmp.cmp(PACKAGED, SHARED / PACKAGED.name, shallow=False)
 
 
@@ -69,10 +75,13 @@ def test_optico_table() -> None:
 
 
 @pytest.mark.parametrize("name", ["nemo_long_context_cp.csv", "megatron_readme_h100_scaling.csv"])
-def test_rows_without_mbs_are_skipped_naming_it(name: str) -> None:
+def test_rows_without_mbs_are_read_with_mbs_unknown(name: str) -> None:
     rows = shared(name)
-    assert rows and all(not r.usable and "mbs" in r.skip_reason for r in rows)
-    assert all("missing required input" in r.skip_reason for r in rows)
+    read = [r for r in rows if r.read]
+    assert len(read) >= 0.9 * len(rows) and all(not r.usable and r.unknown["mbs"] == [1, 2, 4] for r in read)
+    # A row no value of its unknown cells can make valid says so (1M tokens without CP on 1024 GPUs).
+    assert all("no value of the unknown cell(s)" in r.skip_reason for r in rows if not r.read)
+    assert {s.mbs for w, s in variants(read[0])} >= {1, 2}
 
 
 def test_step_time_mfu_agrees_with_reported_model_tflops() -> None:
@@ -108,14 +117,33 @@ def test_skip_reasons_in_vendor_files() -> None:
     bridge = shared("megatron_bridge_perf_summary.csv")
     reasons = [r.skip_reason or "" for r in bridge]
     assert any("NVFP4" in x and "not modelled" in x for x in reasons)
-    assert any("MLA" in x for x in reasons)
     assert any("LoRA" in x for x in reasons)
     assert all("LoRA" in (r.skip_reason or "") for r in bridge if "[LoRA]" in r.model_name)
+    # MLA rows read through the preset: DeepSeek-V3's ranks, dense first layers, MTP.
+    deepseek = [r for r in bridge if r.model_name == "DeepSeekV3"]
+    assert deepseek and all(r.read for r in deepseek)
+    assert all(r.workload.model.multi_latent_attention and r.workload.model.mtp_num_layers == 1 for r in deepseek)
+    # 61 layers on PP 8 or 16: the reader infers the uneven split Megatron needs, or says it approximates.
+    odd = [r for r in deepseek if r.strategy.pp > 1 and 61 % r.strategy.pp]
+    assert odd and all(r.strategy.decoder_first_pipeline_num_layers or
+                       any("approximated" in x for x in r.inferred) for r in odd)
     # MXFP8, FP8-CS, FP8-MX rows are fp8 workloads.
     fp8 = [r for r in bridge if r.usable and any(f"Precision={p} " in r.notes for p in ("MXFP8", "FP8-CS", "FP8-MX"))]
     assert fp8 and all(r.workload.precision == "fp8" for r in fp8)
     gb = [r for r in bridge if r.workload and r.workload.cluster.gpu in ("gb200", "gb300")]
     assert gb and all(r.workload.cluster.gpus_per_node == 72 for r in gb)
+    # MoE recipe rows fold experts (ETP 1): EP may exceed DP·CP.
+    folded = [r for r in bridge if r.read and r.strategy.ep > r.strategy.dp(r.workload.world_size) * r.strategy.cp]
+    assert folded and all(r.strategy.etp == 1 for r in folded)
+
+
+def test_most_published_rows_are_read() -> None:
+    """Across the published tables (1099 rows) at least 80 % are read; the rest say why."""
+    reports = [read_replay_file(SHARED / name)[1] for name in SHARED_FILES]
+    rows, read = sum(r.rows for r in reports), sum(r.read for r in reports)
+    assert rows >= 1000 and read / rows >= 0.80, (read, rows)
+    dgxc = next(r for r in reports if r.file.startswith("dgxc"))
+    assert dgxc.read >= 110  # Grok-1, Llama 4 Maverick, Nemotron-H from presets by name
 
 
 # -- hand-made rows ------------------------------------------------------------------------------
@@ -140,9 +168,17 @@ def one(tmp_path: Path, defaults: ReplayDefaults | None = None, **cells: str) ->
     return rows[0]
 
 
-def test_missing_column_names_file_and_column(tmp_path: Path) -> None:
+def test_missing_columns_read_as_empty_and_are_reported(tmp_path: Path) -> None:
     path = write_csv(tmp_path / "short.csv", LLAMA3_8B, columns=tuple(c for c in COLUMNS if c != "mbs"))
-    with pytest.raises(ValueError, match=r"short\.csv.*mbs"):
+    rows, report = read_replay_file(path)
+    assert rows[0].read and rows[0].unknown["mbs"] and "mbs" in report.missing_columns
+    assert "columns absent (read as empty): " in report.text() and "mbs" in report.text()
+
+
+def test_a_file_that_is_no_replay_table(tmp_path: Path) -> None:
+    path = tmp_path / "other.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(ReplayError, match=r"other\.csv: not a replay table"):
         read_replay_csv(path)
 
 
@@ -151,9 +187,15 @@ def test_extra_columns_are_fine(tmp_path: Path) -> None:
     assert read_replay_csv(path)[0].usable
 
 
-def test_bad_result_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"t\.csv:2"):
-        one(tmp_path, result="crashed")
+def test_bad_row_is_skipped_with_its_line_unless_strict(tmp_path: Path) -> None:
+    assert one(tmp_path, result="crashed").result == "error"  # a synonym
+    row = one(tmp_path, result="banana")
+    assert not row.read and "result 'banana' is not ok, oom or error" in row.skip_reason
+    path = write_csv(tmp_path / "bad.csv", LLAMA3_8B, {**LLAMA3_8B, "tp": "3"})
+    rows, report = read_replay_file(path)
+    assert [r.read for r in rows] == [True, False] and report.skipped_rows[0].startswith("bad.csv:3: ")
+    with pytest.raises(ReplayError, match=r"bad\.csv:3: rejected by optico.rules: num_attention_heads"):
+        read_replay_csv(path, strict=True)
 
 
 def test_empty_cells_take_the_defaults(tmp_path: Path) -> None:
@@ -248,7 +290,8 @@ def test_args_in_notes(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("cells, reason", [
-    (dict(mbs=""), "missing required input(s): mbs"),
+    (dict(gpu=""), "missing required input(s): gpu"),
+    (dict(num_layers="", model="Mystery-9B"), "no preset matches the model name 'Mystery-9B'"),
     (dict(gpu="TPU-v5"), "unknown GPU"),
     (dict(notes="MLA attention"), "MLA"),
     (dict(model="LLAMA3_8B [LoRA]"), "LoRA"),
@@ -295,3 +338,70 @@ def test_matches(tmp_path: Path) -> None:
     assert not matches(row, w.model_copy(update={"cluster": Cluster(gpu="a100-80gb")}))
     assert not matches(row, w.model_copy(update={"model": PRESETS["llama2-7b"]}))
     assert not matches(one(tmp_path, gpu="nope"), w)
+
+
+# -- cells as sources write them -----------------------------------------------------------------
+
+@pytest.mark.parametrize("cells, check", [
+    (dict(distributed_optimizer="zero-1 (deepspeed)"), lambda r: r.strategy.use_distributed_optimizer),
+    (dict(distributed_optimizer="true (zero1)"), lambda r: r.strategy.use_distributed_optimizer),
+    (dict(distributed_optimizer="ZeRO stage 0"), lambda r: not r.strategy.use_distributed_optimizer),
+    (dict(recompute="none stated"), lambda r: r.strategy.recompute == "none"),  # read like an empty cell
+    (dict(recompute="Selective (core_attn)"), lambda r: r.strategy.recompute == "selective"),
+    (dict(recompute="block 4"), lambda r: (r.strategy.recompute_method, r.strategy.recompute_num_layers)
+     == ("block", 4)),
+    (dict(gpu="A800-80GB"), lambda r: r.workload.cluster.gpu == "a800-80gb"),
+    (dict(gpu="H100-SXM-80GB"), lambda r: r.workload.cluster.gpu == "h100-sxm"),
+    (dict(gpu="H800-80GB"), lambda r: r.workload.cluster.gpu == "h800-sxm"),
+    (dict(sequence_parallel="yes"), lambda r: r.strategy.sequence_parallel),
+    (dict(step_time_s="", mfu="45 %"), lambda r: r.mfu == pytest.approx(0.45)),
+    (dict(step_time_s="", mfu="45"), lambda r: r.mfu == pytest.approx(0.45)),
+    (dict(step_time_s="850 ms"), lambda r: r.step_time_s == pytest.approx(0.85)),
+    (dict(tokens_per_s_per_gpu="3.9k"), lambda r: r.tokens_per_s_per_gpu == pytest.approx(3900)),
+    (dict(result="", step_time_s="10"), lambda r: r.result == "ok" and r.read),
+    (dict(mbs="n/a"), lambda r: r.read and r.unknown["mbs"] == [1, 2, 4]),
+    (dict(num_gpus="", dp="4"), lambda r: r.workload.world_size == 8 and not r.unknown),  # dp·TP·PP·CP
+    (dict(tp="two"), lambda r: r.read and "tp" in r.unknown),  # unreadable: unknown, said so
+])
+def test_cells_as_sources_write_them(tmp_path: Path, cells: dict[str, str], check) -> None:
+    row = one(tmp_path, **cells)
+    assert row.skip_reason is None, row.skip_reason
+    assert check(row), row
+
+
+def test_headers_as_sources_write_them(tmp_path: Path) -> None:
+    path = tmp_path / "h.csv"
+    path.write_text("Model,Layers,Hidden,Heads,KV Heads,FFN,Vocab,Seq Len,GPU Type,GPUs,TP,PP,Micro Batch Size,"
+                    "Global Batch Size,Status,MFU (%),Step Time (ms)\n"
+                    "Llama3-8B,32,4096,32,8,14336,128256,8192,A800-80GB,8,2,1,1,128,success,45,9800\n")
+    rows, report = read_replay_file(path)
+    row = rows[0]
+    assert row.usable, row.skip_reason
+    assert row.workload.model.name == "llama3-8b" and row.workload.cluster.gpu == "a800-80gb"
+    assert row.mfu == pytest.approx(0.45) and row.step_time_s == pytest.approx(9.8)
+    assert report.renamed_columns["Micro Batch Size"] == "mbs" and report.renamed_columns["MFU (%)"] == "mfu"
+
+
+def test_presets_by_name_and_notes(tmp_path: Path) -> None:
+    nh = one(tmp_path, model="Nemotron-H 56b FP8", num_layers="", hidden_size="", num_attention_heads="",
+             num_query_groups="", ffn_hidden_size="", vocab_size="", tp="8", num_gpus="32", gbs="96",
+             precision="FP8", mbs="", notes="GA=24")
+    assert nh.read and nh.workload.model.is_hybrid and "architecture from preset nemotron-h-56b" in nh.inferred
+    assert nh.strategy.mbs == 1 and any("mbs = gbs / (DP·GA)" in x for x in nh.inferred)
+    grok = one(tmp_path, model="Grok1 314b BF16", num_layers="", hidden_size="", num_attention_heads="",
+               num_query_groups="", ffn_hidden_size="", vocab_size="", tp="4", pp="8", ep="4", num_gpus="128",
+               gbs="1024", notes="ETP=4; GA=8")
+    assert grok.read and grok.strategy.etp == 4 and grok.workload.model.name == "grok-1"
+
+
+def test_uneven_split_is_inferred(tmp_path: Path) -> None:
+    row = one(tmp_path, model="x-30", num_layers="30", vocab_size="50257", pp="4", gbs="128", num_gpus="8",
+              tp="2")
+    from optico.parallel import ParallelDims
+
+    s = row.strategy  # 30 + 2 = 32 over PP 4: the embedding and the loss counted in the split
+    assert row.usable and s.account_for_embedding_in_pipeline_split and s.account_for_loss_in_pipeline_split
+    assert ParallelDims.of(s, 8).stage_layers(30) == [7, 8, 8, 7]
+    odd = one(tmp_path, model="x-29", num_layers="29", vocab_size="50257", pp="4", gbs="128", num_gpus="8", tp="2")
+    s = odd.strategy  # 29: no counting makes it even: middle stages 8, first 6, last 7
+    assert odd.usable and (s.decoder_first_pipeline_num_layers, s.decoder_last_pipeline_num_layers) == (6, 7)

@@ -153,3 +153,26 @@ def test_step_time_only_row(tmp_path: Path) -> None:
     assert m.tflops_per_gpu == pytest.approx(flops_per_iteration(w, 2) / (100 * 1e12 * 8))
     assert m.mfu == pytest.approx(m.tflops_per_gpu / 312)
     assert result.gpu_seconds == pytest.approx(100 * 8 * TIMED_STEPS)
+
+
+def test_an_ok_row_without_throughput_is_no_candidate(tmp_path: Path) -> None:
+    """A row that ran but gives only memory tells nothing a replay could return: it is not offered
+    (it used to abort `optico bench`), and asking for it answers 'not measured'."""
+    path = write(tmp_path / "mem.csv", dict(result="ok", step_time_s="", mem_max_gib="40"))
+    replay = ReplayLauncher(path)
+    assert replay.candidates(workload()) == []
+    assert launch(replay, workload(), strategy(tp=2)).category_hint is FailureCategory.NOT_MEASURED
+
+
+def test_bench_skips_a_file_without_a_usable_workload(tmp_path: Path, capsys) -> None:
+    """One file that is no replay table, or has no workload with enough measured configurations,
+    must not abort `optico bench`: it is skipped with a warning and the rest runs."""
+    from optico.bench.suite import select_landscapes
+
+    junk = tmp_path / "junk.csv"
+    junk.write_text("a,b\n1,2\n")
+    few = write(tmp_path / "few.csv", dict(result="ok", step_time_s="10"))
+    defs = select_landscapes("replay", [str(junk), str(few)])
+    assert defs  # the packaged table still runs
+    err = capsys.readouterr().err
+    assert "junk.csv: not a replay table" in err and "few.csv has no workload" in err

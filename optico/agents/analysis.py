@@ -20,6 +20,7 @@ from optico.agents.contracts import (
     Suggestion,
 )
 from optico.guard import Guard
+from optico.knobs import BY_NAME
 from optico.perfmodel.bottleneck import Bottleneck
 from optico.perfmodel.online import JobModel
 from optico.strategy import Strategy
@@ -95,10 +96,21 @@ def _reason(ref_pred, cand_pred, changes: list[Change]) -> str:
         share("CP exchange", "cp_comm_s")
     if "expert_model_parallel_size" in params or "moe_token_dispatcher_type" in params:
         share("EP all-to-all", "ep_comm_s")
+    for name in sorted(params):  # any other knob: the time terms the registry says it moves
+        for term in (BY_NAME[name].terms if name in BY_NAME else ()):
+            label = _TERMS.get(term)
+            if label and not any(b.startswith(label) for b in bits):
+                share(label, term)
     if not bits:
         bits.append(f"bottleneck {ref_pred.bottleneck.value}; predicted step {ref_pred.time.step_time_s:.3g} s -> "
                     f"{cand_pred.time.step_time_s:.3g} s")
     return "; ".join(bits)
+
+
+_TERMS = {"compute_s": "compute", "recompute_s": "recompute", "tp_comm_s": "TP collectives",
+          "cp_comm_s": "CP exchange", "ep_comm_s": "EP all-to-all", "p2p_s": "pipeline p2p",
+          "pp_bubble_s": "pipeline bubble and imbalance", "dp_comm_s": "exposed DP sync",
+          "offload_s": "activation offload copies"}
 
 
 class RulesAnalysis:
@@ -132,7 +144,8 @@ class RulesAnalysis:
         ref_mfu = ref_trial.metrics.mfu if ref_trial and ref_trial.metrics else model.mfu(ref)
         counts = {"tried or known to fail": 0, "predicted OOM": 0, "other": 0}
         entries: list[tuple[Strategy, int, bool]] = []
-        for cand in self.pool:
+        # A coarse pool (a very large space) adds the moves around the reference; a list is scored whole.
+        for cand in self.pool.around(ref) if hasattr(self.pool, "around") else self.pool:
             verdict = self.guard.check(cand, inp.history, inp.prior)
             if not verdict.admitted:
                 key = {"duplicate": "tried or known to fail", "known-failure": "tried or known to fail",

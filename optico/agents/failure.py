@@ -13,23 +13,8 @@ import re
 from optico.agents.contracts import FailureInput
 from optico.guard import recompute_level
 from optico.strategy import PAPER_NAMES, Strategy, display_value
+from optico.logscan import first_error
 from optico.trial import Failure, FailureCategory
-
-_PATTERNS: list[tuple[FailureCategory, re.Pattern[str], str]] = [
-    (FailureCategory.OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.I),
-     "CUDA OutOfMemoryError"),
-    (FailureCategory.INFRASTRUCTURE, re.compile(
-        r"NodeDiedError|ActorDiedError|RayActorError|node .* (died|was lost)|ECC error|Xid \d+|"
-        r"Connection reset by peer|No space left on device|unhandled system error|GPU is lost|"
-        r"cudaErrorDevicesUnavailable|placement group .* (removed|failed)", re.I), "infrastructure fault"),
-    (FailureCategory.COMM_TIMEOUT, re.compile(
-        r"Watchdog caught collective operation timeout|NCCL.*time(d)? ?out|DistBackendError.*timeout|"
-        r"collective operation timeout", re.I), "NCCL collective timeout"),
-    (FailureCategory.INVALID_CONFIG, re.compile(
-        r"AssertionError|must be divisible|should be divisible|must be a multiple|is not divisible|"
-        r"ValueError:.*(parallel|divisible|must)|not supported with|needs Transformer Engine", re.I),
-     "invalid configuration"),
-]
 
 # Words in Megatron's assertion messages -> the parameter they are about.
 _KEYWORDS = [
@@ -44,18 +29,6 @@ _KEYWORDS = [
     (re.compile(r"param.gather|distributed.optimizer", re.I), "overlap_param_gather"),
     (re.compile(r"recompute", re.I), "recompute_granularity"),
 ]
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def first_error(log: str) -> tuple[FailureCategory | None, str, str]:
-    """(category, short error name, the matching line) of the first recognised error."""
-    for line in _ANSI.sub("", log).splitlines():
-        for category, pattern, name in _PATTERNS:
-            if pattern.search(line):
-                return category, name, line.strip()[:300]
-    return None, "", ""
-
 
 def _oom_params(s: Strategy, ref: Strategy | None) -> list[str]:
     """The knobs that put this configuration over the limit, changed ones first."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -30,6 +31,7 @@ from optico.bench.metrics import run_metrics
 from optico.bench.summary import summarize
 from optico.bench.thirdparty import ThirdPartyDef, thirdparty_defs
 from optico.bench.tuners import make_tuner
+from optico.replay_csv import ReplayError
 from optico.spec import ReasonerSpec
 
 Suite = Literal["all", "independent", "out-of-form", "real", "self", "sim", "replay"]
@@ -101,9 +103,15 @@ def select_landscapes(suite: Suite = "all", files: Sequence[str | Path] = (), on
         path = Path(f)
         if not path.is_file():
             raise ValueError(f"--landscape: no such file: {path}")
-        found = replay_defs(path)
+        try:
+            found = replay_defs(path)
+        except ReplayError as exc:  # one unreadable file must not abort the benchmark: say so, run the rest
+            print(f"warning: --landscape: {exc}; skipped", file=sys.stderr)
+            continue
         if not found:
-            raise ValueError(f"--landscape: {path} has no workload with enough measured configurations")
+            print(f"warning: --landscape: {path} has no workload with enough measured configurations; skipped",
+                  file=sys.stderr)
+            continue
         defs += [d for d in found if d.name not in {x.name for x in defs}]
     if only:
         defs = [d for d in defs if any(o in d.name for o in only)]

@@ -16,14 +16,17 @@ perf_app = typer.Typer(no_args_is_help=True, help="The analytic performance mode
 
 
 def _figures_table(title: str, report: dict[str, Any]) -> Table:
-    table = Table("file", "rows", "skipped", "OOM/fit acc.", "MFU MdAPE", "mem MdAPE", "Spearman", title=title)
+    table = Table("file", "rows", "read", "OOM/fit acc.", "MFU MdAPE", "mem MdAPE", "Spearman", title=title)
 
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{x:.1%}"
 
     for name, f in [*report["files"].items(), ("overall", report["overall"])]:
-        table.add_row(rich_text(name, one_line=True), str(f["rows"]), str(f["skipped"]), pct(f["oom_accuracy"]),
-                      pct(f["mfu_median_ape"]), pct(f["mem_median_ape"]), "-" if f["spearman"] is None else f"{f['spearman']:.2f}")
+        read = f["rows"] - f["skipped"]
+        table.add_row(rich_text(name, one_line=True), str(f["rows"]),
+                      f"{read} ({read / f['rows']:.0%})" if f["rows"] else "0",
+                      pct(f["oom_accuracy"]), pct(f["mfu_median_ape"]), pct(f["mem_median_ape"]),
+                      "-" if f["spearman"] is None else f"{f['spearman']:.2f}")
     return table
 
 
@@ -38,6 +41,10 @@ def _calibration(path: Path, option: str):
         fail(exc)
 
 
+StrictOption = typer.Option(False, "--strict", help="A row that cannot be read is an error (default: skipped "
+                                                    "with its file:line reason).")
+
+
 @perf_app.command("evaluate")
 def perfmodel_evaluate(
     data: list[Path] = typer.Option(..., "--data", metavar="FILE.csv",
@@ -46,16 +53,23 @@ def perfmodel_evaluate(
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
     calibration: Optional[Path] = typer.Option(None, "--calibration", envvar="OPTICO_CALIBRATION", metavar="FILE.json",
                                                help="Constants to evaluate (default: the shipped calibration)."),
+    strict: bool = StrictOption,
+    report_rows: bool = typer.Option(False, "--report", help="Print what was read from each file (columns, "
+                                                             "unknown cells, skipped rows with file:line)."),
 ) -> None:
     """Compare the model's predictions with measured runs: fit/OOM accuracy, MFU and memory error, rank correlation."""
     from optico.perfmodel.constants import load_constants
     from optico.perfmodel.evaluate import evaluate_files
+    from optico.replay_csv import read_replay_file
 
     data = [*data, *(more or [])]
     require_files("--data", data)
     constants = _calibration(calibration, "--calibration") if calibration else load_constants()
     try:
-        report = evaluate_files(data, constants)
+        report = evaluate_files(data, constants, strict=strict)
+        if report_rows:
+            for path in data:
+                console.print(read_replay_file(path)[1].text(max_rows=20), highlight=False, markup=False)
     except (ValueError, FileNotFoundError) as exc:
         fail(f"--data: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
     if as_json:
@@ -123,3 +137,33 @@ def perfmodel_calibrate(
         result.constants.save(out)
         console.print(f"constants written to {out}; select them with OPTICO_CALIBRATION={out}")
 
+
+
+@perf_app.command("crossvalidate")
+def perfmodel_crossvalidate(
+    data: list[Path] = typer.Option(..., "--data", help="Replay CSV files, one source each (at least two)."),
+    more: Optional[list[Path]] = MoreFilesArgument,
+    max_evals: int = typer.Option(40, "--max-evals", help="Least-squares evaluations per fold."),
+    prior: float = typer.Option(1.0, "--prior", min=0.0, help="Pull of each constant toward its start (0 = none)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the figures (and each fold's constants) as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """Leave-one-source-out: fit on every file but one (from the uncalibrated constants), score the one left
+    out; figures per held-out file and pooled. Figures fitted on the rows they score do not count."""
+    from optico.perfmodel.calibrate import leave_one_source_out
+
+    data = [*data, *(more or [])]
+    require_files("--data", data)
+    if len(data) < 2:
+        fail("--data: leave-one-source-out needs at least two files")
+    try:
+        report = leave_one_source_out(data, max_nfev=max_evals, prior=prior,
+                                      progress=lambda name: console.print(f"[dim]fold done: {name} held out[/]"))
+    except (KeyError, ValueError) as exc:
+        fail(str(exc.args[0] if exc.args else exc))
+    if out:
+        out.write_text(json.dumps(report, indent=2) + "\n")
+    if as_json:
+        print(json.dumps({"files": report["files"], "overall": report["overall"]}, indent=2))
+        return
+    console.print(_figures_table("leave-one-source-out (each file scored by constants fitted without it)", report))

@@ -37,7 +37,7 @@ POLL_S = 0.25
 
 
 def default_runs_dir() -> Path:
-    from optico.pool.db import default_data_dir
+    from optico.paths import default_data_dir
 
     return default_data_dir() / "runs"
 

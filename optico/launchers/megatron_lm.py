@@ -31,25 +31,16 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from optico.knobs import owned_flags
 from optico.strategy import Strategy
 from optico.workload import Workload
 
-# Flags a Strategy owns, with the number of values each takes. Both VPP spellings
-# (Megatron-LM renamed the flag) and the old alias of selective recompute are owned.
-VALUE_FLAGS = (
-    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-    "--expert-model-parallel-size", "--micro-batch-size", "--num-virtual-stages-per-pipeline-rank",
-    "--num-layers-per-virtual-pipeline-stage", "--decoder-first-pipeline-num-layers",
-    "--decoder-last-pipeline-num-layers", "--recompute-granularity", "--recompute-method",
-    "--recompute-num-layers", "--moe-token-dispatcher-type",
-    # the run itself
-    "--global-batch-size", "--train-iters", "--train-samples", "--log-interval", "--eval-iters",
-)
-BOOL_FLAGS = (
-    "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
-    "--tp-comm-overlap", "--cross-entropy-loss-fusion", "--moe-grouped-gemm", "--no-overlap-p2p-communication",
-    "--recompute-activations", "--log-throughput",
-)
+# Flags a Strategy owns (every knob's, from the registry: both VPP spellings, the old switch for
+# selective recompute), and the flags of the run itself.
+_KNOB_VALUE_FLAGS, _KNOB_SWITCHES = owned_flags()
+VALUE_FLAGS = tuple(sorted(_KNOB_VALUE_FLAGS)) + (
+    "--global-batch-size", "--train-iters", "--train-samples", "--log-interval", "--eval-iters")
+BOOL_FLAGS = tuple(sorted(_KNOB_SWITCHES)) + ("--log-throughput",)
 # Workload facts the user's command states; they must agree with the spec's workload.
 _SHAPE_FLAGS = {
     "--seq-length": lambda w: w.seq_length,
@@ -122,8 +113,12 @@ def strategy_flags(workload: Workload, strategy: Strategy, vpp_flag: str = "stag
     args = strategy.megatron_args()
     if vpp_flag == "layers" and "--num-virtual-stages-per-pipeline-rank" in args:
         i = args.index("--num-virtual-stages-per-pipeline-rank")
-        s = strategy.normalized()
-        per_stage = workload.model.num_layers // (s.pp * s.vpp)
+        s = strategy
+        if s.decoder_first_pipeline_num_layers or s.decoder_last_pipeline_num_layers:
+            raise ValueError("launcher.program.vpp_flag: 'layers' cannot state VPP with uneven first/last pipeline "
+                             "stages (Megatron-LM needs --num-virtual-stages-per-pipeline-rank there)")
+        counted = s.account_for_embedding_in_pipeline_split + s.account_for_loss_in_pipeline_split
+        per_stage = (workload.model.num_layers + counted) // (s.pp * s.vpp)
         args[i:i + 2] = ["--num-layers-per-virtual-pipeline-stage", str(per_stage)]
     return args
 

@@ -1,6 +1,6 @@
 """What torchrun runs for a trial, and the command lines that run it on each node.
 
-Two programs (the spec's `launcher.program`):
+Two programs (the spec's `launcher.program`, typed in `optico.programs`):
 - `megatron-core`: OptiCo's benchmark driver (`optico.launchers.megatron.bench`) with a spec
   file holding the workload, the strategy and the step limits;
 - `megatron-lm`: the user's own training command (e.g. ``pretrain_gpt.py`` with their data
@@ -16,54 +16,17 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, Union
-
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
-
-from optico.launchers.megatron.bench import BenchSpec, StepLimits, torchrun_command, torchrun_prefix
+from optico.launchers.megatron.bench import BenchSpec, torchrun_command, torchrun_prefix
+from optico.programs import PLACEHOLDERS, MegatronCoreProgram, MegatronLMProgram, ProgramSpec, StepLimits
 from optico.strategy import Strategy
 from optico.workload import Workload
 
+# The program types live in optico.programs (the spec names them without importing launchers);
+# they are re-exported here for the launchers' callers.
+__all__ = ["PLACEHOLDERS", "SPEC_FILE", "MegatronCoreProgram", "MegatronLMProgram", "PreparedRun", "ProgramSpec",
+           "StepLimits", "node_layout", "prepare"]
+
 SPEC_FILE = "bench-spec.json"
-# Placeholders the user's command may hold, filled per node.
-PLACEHOLDERS = ("{run_dir}", "{node_rank}", "{nnodes}", "{nproc_per_node}", "{world_size}", "{trial_key}")
-
-
-class MegatronCoreProgram(StepLimits):
-    """OptiCo's megatron-core benchmark driver (synthetic tokens, warm-up then timed steps)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: Literal["megatron-core"] = "megatron-core"
-    python: str | None = Field(None, description="Interpreter that runs torchrun; None = the launcher's own "
-                                                 "(the Ray worker's on a cluster).")
-
-
-class MegatronLMProgram(BaseModel):
-    """The user's Megatron-LM command; the strategy's flags replace theirs."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: Literal["megatron-lm"]
-    command: list[str] = Field(min_length=1, description="The training script and its flags, without torchrun, "
-                               "e.g. [pretrain_gpt.py, --num-layers, '32', ...]. May hold {run_dir}, {node_rank}, "
-                               "{nnodes}, {nproc_per_node}, {world_size}, {trial_key}.")
-    cwd: str | None = Field(None, description="Directory the command runs in (a Megatron-LM checkout); "
-                                              "None = the trial's run directory.")
-    train_iters: PositiveInt | None = Field(20, description="Iterations each trial runs (replaces "
-                                                            "--train-iters); None = the command's own.")
-    warmup_iters: NonNegativeInt = Field(3, description="Logged iterations not timed.")
-    log_interval: PositiveInt | None = Field(1, description="Replaces --log-interval; None = the command's own.")
-    skip_eval: bool = Field(True, description="Add --eval-iters 0 (no validation pass after the timed run).")
-    drop_flags: list[str] = Field(default_factory=lambda: ["--save", "--load"],
-                                  description="Flags removed from the command, with their values.")
-    vpp_flag: Literal["stages", "layers"] = Field(
-        "stages", description="VPP as --num-virtual-stages-per-pipeline-rank (stages) or, for Megatron-LM "
-                              "before that flag, --num-layers-per-virtual-pipeline-stage (layers).")
-    python: str | None = Field(None, description="Interpreter that runs torchrun; None = the launcher's own.")
-
-
-ProgramSpec = Annotated[Union[MegatronCoreProgram, MegatronLMProgram], Field(discriminator="kind")]
 
 
 def node_layout(workload: Workload) -> tuple[int, int]:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from optico.launchers.base import Launcher, ProgressCallback
-from optico.perfmodel.flops import flops_per_iteration
-from optico.replay_csv import ReplayDefaults, ReplayRow, matches, measured_mfu, read_replay_csv
+from optico.flops import flops_per_iteration
+from optico.replay_csv import ReplayDefaults, ReplayRow, matches, measured_mfu, read_replay_csv, replayable
 from optico.strategy import Strategy
 from optico.trial import FailureCategory, LaunchResult, Metrics
 from optico.workload import Workload
@@ -61,7 +61,7 @@ class ReplayLauncher(Launcher):
         """Strategies of the usable rows that measure `workload`, each signature once, in file order."""
         seen: dict[str, Strategy] = {}
         for row in self.rows:
-            if row.usable and row.strategy is not None and matches(row, workload):
+            if replayable(row) and matches(row, workload):
                 seen.setdefault(row.strategy.signature(), row.strategy)
         return list(seen.values())
 
@@ -73,7 +73,7 @@ class ReplayLauncher(Launcher):
     def rows_for(self, workload: Workload, strategy: Strategy) -> list[ReplayRow]:
         """The usable rows that measured exactly this configuration of this workload."""
         signature = strategy.signature()
-        return [r for r in self.rows if r.usable and r.strategy is not None and matches(r, workload)
+        return [r for r in self.rows if replayable(r) and matches(r, workload)
                 and r.strategy.signature() == signature]
 
     # -- results ---------------------------------------------------------------------------------
@@ -84,9 +84,7 @@ class ReplayLauncher(Launcher):
     def _ok(self, w: Workload, s: Strategy, row: ReplayRow, note: str,
             fingerprint: dict[str, Any]) -> LaunchResult:
         world, flops = w.world_size, flops_per_iteration(w, s.tp)
-        mfu = measured_mfu(row)
-        if mfu is None:
-            raise ValueError(f"{row.where}: an ok row with no step time, mfu or tflops_per_gpu cannot be replayed")
+        mfu = measured_mfu(row)  # not None: `replayable` rows only
         tflops = mfu * w.peak_tflops  # model FLOPs, whatever the source counted
         step = row.step_time_s or flops / (tflops * 1e12 * world)
         tokens = row.tokens_per_s_per_gpu or w.global_batch_size * w.seq_length / (step * world)

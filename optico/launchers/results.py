@@ -144,7 +144,7 @@ def _root_error(collector: OutputCollector) -> str | None:
     """The first exception line that is a cause rather than a consequence: torchrun's
     ChildFailedError and a peer's lost connection or timeout come after the error that
     caused them, so a first error of another kind wins."""
-    from optico.agents.failure import first_error
+    from optico.logscan import first_error
 
     candidates = []
     for block in collector.errors:
@@ -167,7 +167,7 @@ def _head_first(block: str) -> str:
 
 def _metrics(workload: Workload, step: float, tflops: float | None, mfu: float | None, tokens: float | None,
              tp: int = 1, **mem: float | None) -> Metrics:
-    from optico.perfmodel.flops import flops_per_iteration
+    from optico.flops import flops_per_iteration
 
     if tflops is None:  # Megatron-LM without --log-throughput: its model FLOPs, ours
         tflops = flops_per_iteration(workload, tp) / (step * 1e12 * workload.world_size)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optico.agents.contracts import Change, HealthState, Suggestion
-from optico.agents.generation import apply_changes, repair
+from optico.repair import apply_changes, repair
 from optico.llm.parsing import (
     change_items,
     coerce_value,

@@ -20,9 +20,11 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from optico.perfmodel.constants import Constants, load_constants
-from optico.perfmodel.evaluate import _memory_as_measured, evaluate_files
+from optico.perfmodel.evaluate import Scores, _memory_as_measured, evaluate_files, row_figures, score_rows
 from optico.perfmodel.model import predict
-from optico.replay_csv import ReplayRow, measured_mfu, read_replay_csv, tuned_throughput
+from optico.replay_csv import ReplayRow, measured_mfu, read_replay_csv, tuned_throughput, variants
+from optico.strategy import Strategy
+from optico.workload import Workload
 
 MEM_WEIGHT = 0.7
 # Robust loss: residuals are log ratios, so beyond ~10 % error a row counts linearly, not
@@ -35,28 +37,54 @@ PRIOR = 1.0
 OOM_WEIGHT = 6.0  # a wrong fit/OOM call costs a whole trial, or hides the optimum
 
 
-def _usable(paths: list[str | Path]) -> list[tuple[str, ReplayRow, float | None]]:
+@dataclass(frozen=True)
+class _Target:
+    """One read row as the fit uses it: the variant to predict, and which figures it determines."""
+
+    file: str
+    row: ReplayRow
+    workload: Workload
+    strategy: Strategy
+    mfu: float | None  # measured MFU, when the row determines it
+    mem: bool  # its peak memory counts
+    fit: bool  # its fit/OOM outcome counts
+
+
+def targets(paths: list[str | Path], c: Constants) -> list[_Target]:
+    """The rows of `paths` the fit can use. A row with unknown cells keeps only the figures its
+    plausible values agree on (at constants `c`, see evaluate.row_figures), predicted on its middle
+    variant; MFU only for rows whose times are tuned throughput."""
     out = []
     for path in paths:
         for row in read_replay_csv(path):
-            if row.skip_reason or row.workload is None or row.strategy is None:
+            if not row.read or row.workload is None or row.strategy is None:
+                continue
+            pairs = variants(row)
+            if not pairs:
+                continue
+            if row.unknown:
+                fig = row_figures(row, c)
+                w, s = pairs[len(pairs) // 2]
+                out.append(_Target(Path(path).name, row, w, s, fig.measured_mfu, fig.predicted_mem_gib is not None,
+                                   fig.fits is not None))
                 continue
             mfu = measured_mfu(row) if row.result == "ok" and tuned_throughput(row) else None
-            out.append((Path(path).name, row, mfu))
+            out.append(_Target(Path(path).name, row, row.workload, row.strategy, mfu, True, True))
     return out
 
 
-def _residuals(c: Constants, rows: list[tuple[str, ReplayRow, float | None]],
-               weights: dict[str, float]) -> np.ndarray:
+def _residuals(c: Constants, rows: list[_Target], weights: dict[str, float]) -> np.ndarray:
     res = []
-    for name, row, mfu in rows:
-        w = weights[name]
-        pred = predict(row.workload, row.strategy, c)
+    for target in rows:
+        row, w = target.row, weights[target.file]
+        pred = predict(target.workload, target.strategy, c)
         limit = pred.memory.limit_gib
-        if mfu:
-            res.append(w * math.log(pred.mfu / mfu))
-        if row.result == "ok" and row.mem_max_gib:
+        if target.mfu:
+            res.append(w * math.log(pred.mfu / target.mfu))
+        if target.mem and row.result == "ok" and row.mem_max_gib:
             res.append(w * MEM_WEIGHT * math.log(_memory_as_measured(row, pred) / row.mem_max_gib))
+        if not target.fit:
+            continue
         needed = pred.memory.needed_gib
         if row.result == "oom":
             res.append(w * OOM_WEIGHT * max(0.0, math.log(limit / needed)))
@@ -104,10 +132,10 @@ def calibrate(paths: list[str | Path], start: Constants | None = None, fields: l
     unknown = set(fields) - set(bounds)
     if unknown:
         raise KeyError(f"not calibratable: {', '.join(sorted(unknown))}; known: {', '.join(bounds)}")
-    rows = _usable(paths)
+    rows = targets(paths, start)
     if not rows:
         raise ValueError("no usable rows in the given files")
-    counts = Counter(name for name, _, _ in rows)
+    counts = Counter(target.file for target in rows)
     weights = {name: (file_weights or {}).get(name, 1.0) / math.sqrt(n) for name, n in counts.items()}
     base = start.model_dump()
 
@@ -137,3 +165,27 @@ def _robust_cost(r: np.ndarray) -> float:
     """least_squares' cost under LOSS (soft_l1), so before and after compare."""
     z = (r / LOSS_SCALE) ** 2
     return 0.5 * LOSS_SCALE**2 * float(np.sum(2 * (np.sqrt(1 + z) - 1)))
+
+
+def leave_one_source_out(paths: list[str | Path], start: Constants | None = None, max_nfev: int = 40,
+                         prior: float = PRIOR, progress: Any = None, fields: list[str] | None = None
+                         ) -> dict[str, Any]:
+    """Leave-one-source-out cross-validation: for each file, fit on all the others (from `start`,
+    by default the uncalibrated `Constants()` — never the shipped calibration, which saw every
+    file) and score the held-out file with those constants. Returns evaluate's figures per held-out
+    file and pooled over all of them, plus the fitted constants per fold."""
+    start = start or Constants()
+    overall, files, details, fitted = Scores(), {}, {}, {}
+    for held_out in paths:
+        name = Path(held_out).name
+        train = [p for p in paths if p != held_out]
+        result = calibrate(train, start=start, fields=fields, max_nfev=max_nfev, prior=prior)
+        if progress:
+            progress(name)
+        scores, _ = score_rows(read_replay_csv(held_out), result.constants)
+        files[name] = scores.as_dict()
+        details[name] = scores.details()
+        fitted[name] = result.constants.model_dump()
+        overall.merge(scores, name)
+    details["overall"] = overall.details()
+    return {"files": files, "overall": overall.as_dict(), "details": details, "constants": fitted}

@@ -43,6 +43,8 @@ class Constants(BaseModel):
                                                                         "tp_comm_overlap.")
     cp_exposed: float = Field(0.3, ge=0.0, le=1.0, description="Ring-attention KV exchange not hidden.")
     ep_exposed: float = Field(0.8, ge=0.0, le=1.0, description="Expert all-to-all not hidden.")
+    ep_overlap_exposed: float = Field(0.3, ge=0.0, le=1.0, description="Expert all-to-all not hidden with EP "
+                                                                       "communication overlap (1F1B A2A overlap).")
     p2p_exposed: float = Field(1.0, ge=0.0, le=1.0, description="Pipeline send/recv on the critical path.")
     p2p_overlap_exposed: float = Field(0.2, ge=0.0, le=1.0, description="Same with overlapped p2p (VPP).")
     dp_overlap_exposed: float = Field(0.15, ge=0.0, le=1.0, description="Grad reduce/param gather left "

@@ -3,8 +3,14 @@
 Per file and overall: fit/OOM classification accuracy, MFU median absolute
 percentage error, peak-memory median APE, and the Spearman rank correlation of MFU
 among rows of the same workload (the figure a tuner cares about: does the model
-order configurations right). Rows whose inputs are incomplete are skipped and
-counted with their reason.
+order configurations right; measured with the same software — a newer release of a recipe is
+faster with no knob changed). Rows whose inputs are incomplete are skipped and counted with
+their reason.
+
+Rows read with unknown cells (`ReplayRow.unknown`: a micro-batch, a GPU count the source does
+not give) are predicted for every plausible value; a figure is scored only where those
+predictions agree (fit/OOM: the same verdict; MFU and memory: within 5 %), so a row informs
+what it determines and nothing it does not.
 
 Rows whose notes say their times are not tuned throughput (Megatron-LM's CI runs in
 deterministic mode, per the data README) are scored on memory and fit/OOM only: the model
@@ -27,7 +33,7 @@ from scipy.stats import spearmanr
 
 from optico.perfmodel.constants import Constants, load_constants
 from optico.perfmodel.model import Prediction, predict
-from optico.replay_csv import ReplayRow, measured_mfu, read_replay_csv, tuned_throughput
+from optico.replay_csv import ReplayRow, measured_mfu, read_replay_csv, software, tuned_throughput, variants
 
 
 @dataclass
@@ -44,6 +50,7 @@ class Scores:
 
     rows: int = 0
     skipped: int = 0
+    partial: int = 0  # read with unknown cells: scored only on the figures they determine
     skip_reasons: dict[str, int] = field(default_factory=dict)
     oom_rows: int = 0
     oom_correct: int = 0
@@ -67,7 +74,8 @@ class Scores:
         """The six figures of `optico perfmodel evaluate --json`."""
         rho = self.spearman()
         return {
-            "rows": self.rows, "skipped": self.skipped,
+            "rows": self.rows, "skipped": self.skipped, "read": self.rows - self.skipped,
+            "read_share": (self.rows - self.skipped) / self.rows if self.rows else None,
             "oom_accuracy": self.oom_correct / self.oom_rows if self.oom_rows else None,
             "mfu_median_ape": float(median(self.mfu_apes)) if self.mfu_apes else None,
             "mem_median_ape": float(median(self.mem_apes)) if self.mem_apes else None,
@@ -77,12 +85,14 @@ class Scores:
     def details(self) -> dict[str, Any]:
         """How many rows each figure rests on, and why rows were skipped."""
         return {"scored": {"oom": self.oom_rows, "mfu": len(self.mfu_apes), "mem": len(self.mem_apes)},
+                "read_with_unknown_cells": self.partial,
                 "mfu_unscored_not_tuned": self.mfu_unscored,
                 "skip_reasons": dict(Counter(self.skip_reasons).most_common())}
 
     def merge(self, other: "Scores", prefix: str) -> None:
         self.rows += other.rows
         self.skipped += other.skipped
+        self.partial += other.partial
         for k, v in other.skip_reasons.items():
             self.skip_reasons[k] = self.skip_reasons.get(k, 0) + v
         self.oom_rows += other.oom_rows
@@ -105,43 +115,89 @@ def _memory_as_measured(row: ReplayRow, pred: Prediction) -> float:
 
 def _reason_key(reason: str) -> str:
     """Groups skip reasons by their first clause, so counts stay readable."""
-    return reason.split(";")[0].split(":")[0].strip()
+    return reason.split(";")[0].split(":")[0].split(" (")[0].strip()
+
+
+# A figure of a row with unknown cells is scored only when all their plausible values agree on it
+# within this relative spread (the row then says something whatever the unknown was).
+AGREE = 0.05
+
+
+def _agreed(values: list[float]) -> float | None:
+    """The middle value when `values` agree within AGREE, else None."""
+    if not values:
+        return None
+    lo, hi = min(values), max(values)
+    if lo <= 0 or hi / lo - 1.0 > AGREE:
+        return None
+    return sorted(values)[len(values) // 2]
+
+
+@dataclass
+class RowFigures:
+    """What one read row can be scored on: each None where the row does not determine it."""
+
+    fits: bool | None  # the prediction's fit verdict (None: it depends on an unknown cell)
+    predicted_mfu: float | None
+    measured_mfu: float | None
+    predicted_mem_gib: float | None
+    key: str  # the workload, for the rank correlation
+
+
+def row_figures(row: ReplayRow, c: Constants) -> RowFigures:
+    """Predictions for every `variant` of the row, reduced to the figures the row determines."""
+    pairs = variants(row)
+    preds = [(w, s, predict(w, s, c)) for w, s in pairs]
+    verdicts = {p.fits for _, _, p in preds}
+    fits = verdicts.pop() if len(verdicts) == 1 else None
+    pred_mfu = meas_mfu = mem = None
+    if row.result == "ok" and tuned_throughput(row):
+        measured = [measured_mfu(row, w, s) for w, s, _ in preds]
+        if measured and all(m is not None for m in measured):
+            meas_mfu, pred_mfu = _agreed(measured), _agreed([p.mfu for _, _, p in preds])
+            if meas_mfu is None or pred_mfu is None:
+                meas_mfu = pred_mfu = None
+    if row.result == "ok" and row.mem_max_gib:
+        mem = _agreed([_memory_as_measured(row, p) for _, _, p in preds])
+    # Configurations are ranked against others of the same workload measured with the same software.
+    key = f"{row.workload.key()}|{software(row)}" if not row.unknown else f"{row.where}"
+    return RowFigures(fits, pred_mfu, meas_mfu, mem, key)
 
 
 def score_rows(rows: list[ReplayRow], c: Constants) -> tuple[Scores, list[RowResult]]:
     scores, results = Scores(rows=len(rows)), []
     for row in rows:
-        if row.skip_reason or row.workload is None or row.strategy is None:
+        if not row.read or row.workload is None or row.strategy is None:
             scores.skipped += 1
             key = _reason_key(row.skip_reason or "incomplete")
             scores.skip_reasons[key] = scores.skip_reasons.get(key, 0) + 1
             continue
-        pred = predict(row.workload, row.strategy, c)
-        mfu = None
-        if row.result == "ok":
-            if tuned_throughput(row):
-                mfu = measured_mfu(row)
-            else:
-                scores.mfu_unscored += 1
-        mem = _memory_as_measured(row, pred)
-        results.append(RowResult(row, pred, mfu, mem))
-        if row.result in ("ok", "oom"):
+        figures = row_figures(row, c)
+        if row.unknown:
+            scores.partial += 1
+        if row.result == "ok" and not tuned_throughput(row):
+            scores.mfu_unscored += 1
+        if row.usable:
+            pred = predict(row.workload, row.strategy, c)
+            results.append(RowResult(row, pred, figures.measured_mfu, _memory_as_measured(row, pred)))
+        if row.result in ("ok", "oom") and figures.fits is not None:
             scores.oom_rows += 1
-            scores.oom_correct += int(pred.fits == (row.result == "ok"))
-        if mfu:
-            scores.mfu_apes.append(abs(pred.mfu - mfu) / mfu)
-            scores.groups[row.workload.key()].append((mfu, pred.mfu))
-        if row.result == "ok" and row.mem_max_gib:
-            scores.mem_apes.append(abs(mem - row.mem_max_gib) / row.mem_max_gib)
+            scores.oom_correct += int(figures.fits == (row.result == "ok"))
+        if figures.measured_mfu:
+            scores.mfu_apes.append(abs(figures.predicted_mfu - figures.measured_mfu) / figures.measured_mfu)
+            scores.groups[figures.key].append((figures.measured_mfu, figures.predicted_mfu))
+        if figures.predicted_mem_gib is not None:
+            scores.mem_apes.append(abs(figures.predicted_mem_gib - row.mem_max_gib) / row.mem_max_gib)
     return scores, results
 
 
-def evaluate_files(paths: list[str | Path], constants: Constants | None = None) -> dict[str, Any]:
+def evaluate_files(paths: list[str | Path], constants: Constants | None = None, *, strict: bool = False
+                   ) -> dict[str, Any]:
     """`{"files": {NAME: {...}}, "overall": {...}, "details": {NAME: ...}}`; figures are fractions."""
     c = constants or load_constants()
     overall, files, details = Scores(), {}, {}
     for path in paths:
-        rows = read_replay_csv(path)
+        rows = read_replay_csv(path, strict=strict)
         scores, _ = score_rows(rows, c)
         name = Path(path).name
         files[name] = scores.as_dict()

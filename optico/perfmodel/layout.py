@@ -1,32 +1,21 @@
-"""How a strategy places the model: layers per pipeline stage, tokens per micro-batch,
-which links each parallel group crosses."""
+"""How a strategy places the model: layers (and their kinds) per pipeline stage, tokens per
+micro-batch, which links each parallel group crosses. The sizes come from `optico.parallel`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
+from optico.parallel import ParallelDims
 from optico.perfmodel.constants import Constants
 from optico.strategy import Strategy
-from optico.workload import Workload
+from optico.workload import LayerKind, Workload
 
 
 def stage_layers(w: Workload, s: Strategy) -> list[int]:
-    """Transformer layers on each pipeline stage (uneven first/last stages included)."""
-    layers, pp = w.model.num_layers, s.pp
-    first, last = s.decoder_first_pipeline_num_layers, s.decoder_last_pipeline_num_layers
-    if pp == 1:
-        return [layers]
-    middle_stages = pp - (1 if first else 0) - (1 if last else 0)
-    middle_layers = layers - (first or 0) - (last or 0)
-    per_middle = middle_layers // middle_stages if middle_stages else 0
-    out = [per_middle] * pp
-    if first:
-        out[0] = first
-    if last:
-        out[-1] = last
-    if not first and not last:
-        out = [layers // pp] * pp
-    return out
+    """Transformer layers on each pipeline stage (uneven first/last stages and the embedding or
+    loss counted in the split included)."""
+    return ParallelDims.of(s, w.world_size).stage_layers(w.model.num_layers)
 
 
 @dataclass(frozen=True)
@@ -49,6 +38,9 @@ class Layout:
     ep_bw: float
     dp_bw: float
     pp_bw: float
+    etp: int = 1
+    expert_dp: int = 1
+    stage_kinds: list[Counter] = field(default_factory=list)  # per stage: layer kind -> count (MTP included)
 
     @property
     def in_flight(self) -> list[float]:
@@ -61,6 +53,10 @@ class Layout:
             out.append(min(k, float(self.microbatches)))
         return out
 
+    @property
+    def kinds(self) -> set[LayerKind]:
+        return {k for stage in self.stage_kinds for k in stage}
+
 
 def _link_bw(w: Workload, c: Constants, group_span: int) -> float:
     """Bandwidth a collective over `group_span` consecutive ranks sees (GB/s, effective)."""
@@ -71,21 +67,31 @@ def _link_bw(w: Workload, c: Constants, group_span: int) -> float:
     return cluster.inter_node_gbps * c.network_efficiency
 
 
+def _stage_kinds(w: Workload, dims: ParallelDims) -> list[Counter]:
+    kinds = w.model.layer_kinds()
+    out = [Counter(kinds[i] for i in idx) for idx in dims.stage_layer_indices(w.model.num_layers)]
+    if w.model.mtp_num_layers:  # multi-token prediction runs after the decoder, on the last stage
+        out[-1][kinds[-1]] += w.model.mtp_num_layers
+    return out
+
+
 def layout(w: Workload, s: Strategy, c: Constants) -> Layout:
     """Sizes and links, assuming Megatron's rank order (TP fastest, then CP, EP/DP, PP slowest)."""
     world = w.world_size
-    dp = max(1, s.dp(world))
-    mbs = s.mbs
-    micro = max(1, w.global_batch_size // (mbs * dp))
-    tokens = (w.seq_length // s.cp) * mbs
+    dims = ParallelDims.of(s, world)
+    dp, mbs = dims.dp, s.mbs
     gpn = w.cluster.gpus_per_node
+    etp = s.etp if w.model.is_moe else s.tp
     return Layout(
-        tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, vpp=s.vpp, dp=dp, mbs=mbs, microbatches=micro,
-        tokens=tokens, stages=stage_layers(w, s), extra_in_flight=c.pp_extra_in_flight,
+        tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, vpp=s.vpp, dp=dp, mbs=mbs,
+        microbatches=dims.microbatches(w.global_batch_size, mbs),
+        tokens=(w.seq_length // s.cp) * mbs, stages=dims.stage_layers(w.model.num_layers),
+        extra_in_flight=c.pp_extra_in_flight,
         tp_bw=_link_bw(w, c, s.tp),
         cp_bw=_link_bw(w, c, s.tp * s.cp),
-        ep_bw=_link_bw(w, c, s.tp * s.ep),
+        ep_bw=_link_bw(w, c, etp * s.ep),
         dp_bw=_link_bw(w, c, s.tp * s.cp * dp),
         # Adjacent pipeline stages sit TP·CP·DP ranks apart: another node once that fills one.
         pp_bw=_link_bw(w, c, 2 if world <= gpn or s.tp * s.cp * dp < gpn else gpn + 1),
+        etp=etp, expert_dp=max(1, world // (etp * s.ep * s.pp)), stage_kinds=_stage_kinds(w, dims),
     )

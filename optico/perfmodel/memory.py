@@ -9,14 +9,20 @@ Activations after Korthikanti et al. 2022 with flash attention (no s² scores), 
 by TP, by SP for the norms and residuals, by CP along the sequence; selective
 recompute drops the attention output, full recompute keeps one input per recompute
 chunk. The first stage holds PP micro-batches in flight under 1F1B, more when
-interleaved; the last holds the logits of one micro-batch at the loss.
+interleaved; the last holds the logits of one micro-batch at the loss. Each stage is the sum
+of its layers by kind (`perfmodel.layers`: attention/MLA/Mamba mixers, dense/MoE MLPs, the
+multi-token-prediction layer on the last stage); activation offloading moves the offloaded
+layers' activations to host memory (one layer in transit stays).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pydantic import BaseModel, ConfigDict
 
 from optico.perfmodel.constants import Constants
+from optico.perfmodel.layers import activation_bytes, params_per_gpu
 from optico.perfmodel.layout import Layout
 from optico.strategy import Strategy
 from optico.workload import Workload
@@ -54,15 +60,13 @@ class MemoryBreakdown(BaseModel):
 def _params_on_stage(w: Workload, s: Strategy, lay: Layout, stage: int) -> tuple[float, float]:
     """(dense, expert) parameters one GPU of `stage` holds."""
     m = w.model
-    attention, mlp = m.layer_params()
-    layers = lay.stages[stage]
-    if m.is_moe:
-        router = m.hidden_size * m.num_experts
-        expert = (mlp - router) * layers / (lay.ep * lay.tp)
-        dense = (attention + router) * layers / lay.tp
-    else:
-        expert = 0.0
-        dense = (attention + mlp) * layers / lay.tp
+    dense, expert = 0.0, 0.0
+    for kind, count in lay.stage_kinds[stage].items():
+        d, e = params_per_gpu(w, lay, kind)
+        dense += d * count
+        expert += e * count
+    if stage == lay.pp - 1 and m.mtp_num_layers:
+        dense += m.mtp_num_layers * (2 * m.hidden_size * m.hidden_size / lay.tp + 3 * m.hidden_size)
     embed = m.padded_vocab(lay.tp) * m.hidden_size / lay.tp
     if stage == 0:
         dense += embed
@@ -72,33 +76,27 @@ def _params_on_stage(w: Workload, s: Strategy, lay: Layout, stage: int) -> tuple
 
 
 def layer_activation_bytes(w: Workload, s: Strategy, lay: Layout, c: Constants) -> tuple[float, float]:
-    """(stored bytes of one layer, bytes of the input kept by full recompute) per micro-batch."""
-    m, t, T = w.model, lay.tp, lay.tokens
-    h, q, kv = m.hidden_size, m.head_dim * m.num_attention_heads, m.head_dim * m.groups
-    sp = t if s.sequence_parallel else 1
-    # fp8 (Transformer Engine) keeps the inputs of the four GEMMs in fp8: 1 byte instead of 2.
-    gemm_in = 1.0 if w.precision == "fp8" else 2.0
-    norms_and_residuals = (4.0 + 2 * gemm_in) * T * h / sp  # the two norms' inputs (2 B) and outputs
-    attention = 2.0 * T * (q + 2 * kv) / t + 4.0 * T * m.num_attention_heads / t  # q, k, v + softmax stats
-    attention_out = gemm_in * T * q / t
-    gate = (4 if m.swiglu else 2) + gemm_in  # FC1 output (2F when gated), and the activation's output
-    if m.is_moe:
-        routed = T * m.moe_router_topk
-        mlp = routed * (2.0 * h + gate * m.expert_ffn) / t + 4.0 * T * m.num_experts / sp
-        if m.moe_shared_expert_intermediate_size:
-            mlp += gate * T * m.moe_shared_expert_intermediate_size / t
-    else:
-        mlp = gate * T * m.ffn_hidden_size / t
-    stored = norms_and_residuals + attention + mlp
-    if s.recompute_granularity != "selective":
-        stored += attention_out
-    return stored * c.activation_scale, 2.0 * T * h / sp
+    """(stored bytes, kept input) of an average layer of the model, per micro-batch."""
+    kinds = Counter(w.model.layer_kinds())
+    total = [0.0, 0.0]
+    for kind, count in kinds.items():
+        stored, kept = activation_bytes(w, s, lay, c, kind)
+        total[0] += stored * count
+        total[1] += kept * count
+    return total[0] / w.model.num_layers, total[1] / w.model.num_layers
 
 
 def stage_activation_bytes(w: Workload, s: Strategy, lay: Layout, c: Constants, stage: int) -> float:
-    """Activations held at the stage's peak: in-flight micro-batches plus one layer being recomputed/backpropagated."""
-    full, kept_input = layer_activation_bytes(w, s, lay, c)
-    layers = lay.stages[stage]
+    """Activations held at the stage's peak: in-flight micro-batches plus one layer being
+    recomputed/backpropagated. Offloaded layers (activation offloading) keep theirs in host memory."""
+    per_kind = {kind: activation_bytes(w, s, lay, c, kind) for kind in lay.stage_kinds[stage]}
+    layers = sum(lay.stage_kinds[stage].values())
+    if not layers:
+        return 0.0
+    full = sum(per_kind[k][0] * n for k, n in lay.stage_kinds[stage].items()) / layers  # an average layer
+    kept_input = sum(per_kind[k][1] * n for k, n in lay.stage_kinds[stage].items()) / layers
+    offloaded = min(s.cpu_offloading_num_layers, layers)
+    on_gpu = layers - offloaded
     if s.recompute_granularity == "full":
         n = s.recompute_num_layers or 1
         chunk_layers = layers / lay.vpp
@@ -111,7 +109,7 @@ def stage_activation_bytes(w: Workload, s: Strategy, lay: Layout, c: Constants, 
             per_microbatch = chunks * kept_input
             working = full * n
     else:
-        per_microbatch = layers * full
+        per_microbatch = on_gpu * full + (full if offloaded else 0.0)  # one offloaded layer in transit
         working = full
     if stage == 0:
         per_microbatch += 2.0 * lay.tokens * w.model.hidden_size / (lay.tp if s.sequence_parallel else 1)
@@ -123,8 +121,7 @@ def memory(w: Workload, s: Strategy, lay: Layout, c: Constants) -> MemoryBreakdo
     m = w.model
     limit = w.cluster.spec.memory_gib
     dense_shard = lay.dp * lay.cp if s.use_distributed_optimizer else 1
-    expert_dp = max(1, w.world_size // (lay.ep * lay.tp * lay.pp))
-    expert_shard = expert_dp if s.use_distributed_optimizer else 1
+    expert_shard = lay.expert_dp if s.use_distributed_optimizer else 1
     best: MemoryBreakdown | None = None
     totals: list[float] = []
     for stage in range(lay.pp):
@@ -138,7 +135,8 @@ def memory(w: Workload, s: Strategy, lay: Layout, c: Constants) -> MemoryBreakdo
         logits = 0.0
         if stage == lay.pp - 1:
             per_element = c.logits_bytes_fused if s.cross_entropy_loss_fusion else c.logits_bytes
-            logits = lay.tokens * m.padded_vocab(lay.tp) / lay.tp * per_element
+            # The main head's logits (multi-token prediction holds its own at the same time).
+            logits = lay.tokens * m.padded_vocab(lay.tp) / lay.tp * per_element * (1 + (m.mtp_num_layers or 0))
         total = (weights + grads + optimizer + acts + logits) / GIB + c.mem_overhead_gib
         totals.append(total)
         candidate = MemoryBreakdown(

@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict
 
 from optico.perfmodel.bottleneck import Bottleneck, classify
 from optico.perfmodel.constants import Constants, load_constants
-from optico.perfmodel.flops import flops_per_iteration
+from optico.flops import flops_per_iteration
 from optico.perfmodel.layout import layout
 from optico.perfmodel.memory import MemoryBreakdown, _params_on_stage, memory
 from optico.perfmodel.timing import TimeBreakdown, step_time

@@ -25,6 +25,7 @@ import numpy as np
 
 from optico.perfmodel.constants import Constants, load_constants
 from optico.perfmodel.model import Prediction, predict
+from optico.knobs import BY_NAME
 from optico.perfmodel.residual import ResidualGP, ResidualPrior
 
 # The memory model's error (optico perfmodel evaluate: peak memory off by ~14 % median on shared data,
@@ -35,22 +36,9 @@ from optico.strategy import FIELDS, Strategy
 from optico.trial import FailureCategory, Trial, TrialStatus
 from optico.workload import Workload
 
-# How much a differing field separates two strategies for the memory correction's weights.
-_DISTANCE = {
-    "tensor_model_parallel_size": 1.0,
-    "pipeline_model_parallel_size": 1.0,
-    "context_parallel_size": 1.0,
-    "expert_model_parallel_size": 1.0,
-    "virtual_pipeline_model_parallel_size": 0.5,
-    "micro_batch_size": 0.7,
-    "recompute_granularity": 0.7,
-    "sequence_parallel": 0.5,
-    "use_distributed_optimizer": 0.5,
-}
-_OTHER_FIELD = 0.2
-
-
-_WEIGHTS = np.array([_DISTANCE.get(f, _OTHER_FIELD) for f in FIELDS])
+# How much a differing field separates two strategies for the correction's weights (the knob
+# registry's `similarity`: parallel sizes 1, micro-batch and recompute 0.7, ...).
+_WEIGHTS = np.array([BY_NAME[f].similarity for f in FIELDS])
 
 
 @dataclass(frozen=True)

@@ -17,26 +17,14 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
 
+from optico.paths import ENV_HOME, default_data_dir  # noqa: F401  (re-exported; they live in optico.paths)
 from optico.private_files import create_private_file, private_dir
 
 ENV_URL = "OPTICO_DATABASE_URL"
-ENV_HOME = "OPTICO_HOME"
 
 # Long enough to ride out another writer's transaction (LangGraph's checkpointer
 # included); short enough that a truly stuck lock surfaces as an error.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-
-
-def default_data_dir() -> Path:
-    """$OPTICO_HOME, else $XDG_DATA_HOME/optico, else ~/.local/share/optico (created 0700: it holds
-    the pool and the run logs, see `optico.private_files`)."""
-    if os.environ.get(ENV_HOME):
-        path = Path(os.environ[ENV_HOME]).expanduser()
-    elif os.environ.get("XDG_DATA_HOME"):
-        path = Path(os.environ["XDG_DATA_HOME"]).expanduser() / "optico"
-    else:
-        path = Path.home() / ".local" / "share" / "optico"
-    return private_dir(path)
 
 
 def default_database_url() -> str:

@@ -200,3 +200,20 @@ def test_injected_oom_is_reported_by_the_rank_that_hit_it(bench):
     e = primary_error(run.errors)
     assert e is not None and e["category"] == "oom" and e["rank"] == 1 and e["phase"] == "train", run.describe()
     assert "OutOfMemoryError" in e["exception_type"]
+
+
+def test_moe_parallel_folding_ep_beyond_dp_with_etp1(bench):
+    """TP2 + EP2 on two ranks: DP·CP is 1, yet megatron-core runs it with expert TP 1 — the expert
+    grid ETP·EP·PP = 2 tiles the world (MoE parallel folding). The rules accept it too."""
+    r = ok(bench(2, {"tp": 2, "sp": True, "ep": 2, "etp": 1, "moe_token_dispatcher_type": "alltoall"},
+                 model="tiny-moe"), 2)
+    assert r["tp"] == 2 and r["dp"] == 1 and r["ep"] == 2 and r["etp"] == 1
+    assert r["strategy"]["expert_tensor_parallel_size"] == 1
+
+
+def test_pp2_embedding_and_loss_counted_in_the_split(bench):
+    """4 layers + embedding + loss over PP 2: each stage builds 2 layers (megatron-core's split)."""
+    r = ok(bench(2, {"pp": 2, "account_for_embedding_in_pipeline_split": True,
+                     "account_for_loss_in_pipeline_split": True}), 2)
+    assert r["strategy"]["account_for_embedding_in_pipeline_split"] is True
+    assert r["strategy"]["account_for_loss_in_pipeline_split"] is True

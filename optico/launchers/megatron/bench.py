@@ -61,27 +61,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator
+from pydantic import Field, NonNegativeInt, field_validator
 
 from optico.launchers.megatron import report
+from optico.programs import StepLimits
 from optico.strategy import Strategy, strategy_from_mapping
 from optico.workload import PRESETS, Workload
 
 MODULE = "optico.launchers.megatron.bench"
-
-
-class StepLimits(BaseModel):
-    """How long a run warms up and times its steps (also the spec's `program: {kind: megatron-core}`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    warmup: NonNegativeInt = Field(2, description="Untimed steps first (allocation, compilation, hooks).")
-    max_steps: PositiveInt = Field(20, description="Timed steps at most (after warm-up).")
-    min_steps: PositiveInt = Field(3, description="Timed steps at least before stability may stop timing.")
-    cv_target: float = Field(0.02, gt=0, description="Stop once the CV of the last cv_window step times is this or less.")
-    cv_window: PositiveInt = Field(5, description="Steps the coefficient of variation is taken over.")
-    max_time_s: float | None = Field(None, gt=0, description="Stop timing after this many timed seconds.")
-    seed: int = Field(1234, description="Seed of weights and synthetic tokens.")
 
 
 class BenchSpec(StepLimits):
@@ -441,7 +428,7 @@ class _Run:
         import torch
         import torch.distributed as dist
 
-        from optico.perfmodel.flops import flops_per_iteration
+        from optico.flops import flops_per_iteration
 
         self.phase = "report"
         plan, w, cuda = self.plan, self.spec.workload, self.device == "cuda"

@@ -28,6 +28,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from optico.launchers.megatron import compat, cpu_shim
 from optico.launchers.megatron.layers import LocalNorm, SDPAttention
+from optico.knobs import KNOBS
 from optico.strategy import Strategy
 from optico.workload import Workload
 
@@ -96,11 +97,12 @@ def make_plan(w: Workload, s: Strategy, world_size: int, *, device: str,
             f"which is not available here" + (" (no CUDA)" if device == "cpu" else ""), ["context_parallel_size"])
     if w.precision == "fp8" and not compat.HAVE_TE:
         raise BenchConfigError("fp8 training needs Transformer Engine, which is not available here")
-    if s.tp_comm_overlap and not compat.HAVE_TE:
-        raise BenchConfigError("tp_comm_overlap needs Transformer Engine userbuffers, which are not available here",
-                               ["tp_comm_overlap"])
+    for knob in KNOBS:  # the registry marks what needs Transformer Engine
+        if knob.te_only and knob.active(s) and not compat.HAVE_TE:
+            raise BenchConfigError(f"{knob.name} needs Transformer Engine, which is not available here",
+                                   [knob.name])
     # Megatron-LM: expert tensor parallel size defaults to the TP size.
-    etp = s.tp if w.model.is_moe else 1
+    etp = s.etp if w.model.is_moe else 1
     plan = Plan(world_size=world_size, tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, etp=etp, vpp=s.vpp, dp=dp,
                 micro_batch_size=s.mbs, num_microbatches=w.global_batch_size // (s.mbs * dp),
                 global_batch_size=w.global_batch_size, seq_length=w.seq_length, precision=w.precision,
@@ -190,6 +192,14 @@ def transformer_config(w: Workload, s: Strategy, plan: Plan) -> TransformerConfi
         )
         if moe_grouped and not compat.HAVE_TE:
             kw["moe_use_legacy_grouped_gemm"] = True  # 0.16 only; dropped below on 0.17+
+    # Knobs the registry maps one to one onto a TransformerConfig field and that are not set above
+    # (ETP, EP communication overlap, embedding/loss in the pipeline split, activation offloading).
+    for knob in KNOBS:
+        if knob.mcore and knob.mcore[0] == "transformer" and knob.mcore[1] not in kw \
+                and (m.is_moe or not knob.moe_only):
+            kw[knob.mcore[1]] = getattr(s, knob.name)
+    if s.cpu_offloading_num_layers:
+        kw["cpu_offloading"] = True
     kw = cpu_shim.config_overrides(kw, plan.notes)
     kw, dropped = compat.config_kwargs_supported(TransformerConfig, kw)
     if dropped:

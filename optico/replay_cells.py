@@ -1,0 +1,263 @@
+"""The vocabulary of replay-CSV cells and headers as sources write them, read into values.
+
+Every parser returns a value, or `UNKNOWN` for a cell that says nothing ("", "none stated",
+"n/a", "?"), or raises `CellError` with the reason for a cell it cannot read. Synonym tables
+are data, one per vocabulary, so a new spelling is one line here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from optico.knobs import KNOBS
+
+
+class _Unknown:
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+UNKNOWN: Any = _Unknown()
+
+
+class CellError(ValueError):
+    """A cell that holds something, but nothing this vocabulary can read."""
+
+
+# Cells that say the source does not give the value: read like an empty cell.
+UNKNOWN_MARKERS = frozenset({
+    "", "?", "-", "--", "—", "–", "n/a", "na", "n.a.", "none stated", "not stated", "not given", "unknown",
+    "unspecified", "not specified", "not reported", "unreported", "tbd", "nan", "null", "nil", "not available",
+    "see notes", "varies",
+})
+
+_TRUE = frozenset({"true", "yes", "y", "1", "on", "enabled", "enable", "used", "✓", "x", "t"})
+_FALSE = frozenset({"false", "no", "n", "0", "off", "disabled", "disable", "none", "not used", "f", "✗"})
+# The distributed optimizer is ZeRO stage 1 (optimizer state sharded over DP).
+_DISTRIBUTED_OPTIMIZER = frozenset({"zero1", "zero-1", "zero 1", "zero stage 1", "zero-stage-1", "stage 1", "stage1",
+                                    "distributed optimizer", "distributed", "distopt", "dist-opt", "dist opt",
+                                    "sharded optimizer", "sharded", "megatron distributed optimizer"})
+_NOT_SHARDED = frozenset({"zero0", "zero-0", "zero 0", "stage 0", "ddp", "plain ddp", "replicated"})
+_FSDP = re.compile(r"fsdp|zero[- ]?(stage[- ]?)?[23]\b|stage[- ]?[23]\b")
+
+_RECOMPUTE_NONE = frozenset({"none", "no", "off", "false", "disabled", "0", "no recompute", "no ac"})
+_RECOMPUTE_SELECTIVE = re.compile(r"^(selective|sel|partial|core[_ ]?attn|attention|recompute[- ]activations)")
+_RECOMPUTE_FULL = re.compile(r"^(full|yes|true|on|all|uniform|block|activation checkpointing|checkpoint)")
+_OFFLOAD = re.compile(r"offload")
+
+_RESULT = {
+    "ok": ("ok", "success", "succeeded", "successful", "pass", "passed", "completed", "complete", "done", "ran",
+           "fit", "fits", "yes", "trained", "good"),
+    "oom": ("oom", "out of memory", "cuda oom", "oom error", "memory error", "cuda out of memory", "outofmemory",
+            "out-of-memory"),
+    "error": ("error", "fail", "failed", "failure", "crash", "crashed", "nan", "hang", "hung", "timeout",
+              "diverged", "invalid"),
+}
+
+
+def _text(cell: str | None) -> str:
+    return (cell or "").strip()
+
+
+def is_unknown(cell: str | None) -> bool:
+    return _text(cell).lower() in UNKNOWN_MARKERS
+
+
+def _main(cell: str) -> str:
+    """The cell without a parenthetical remark: 'true (zero1)' -> 'true'."""
+    return re.sub(r"\s*[\(\[].*?[\)\]]\s*", " ", cell).strip().lower()
+
+
+def parse_bool(cell: str | None) -> Any:
+    text = _text(cell)
+    if is_unknown(text):
+        return UNKNOWN
+    value = _main(text)
+    if value in _TRUE or value.startswith(("true", "yes", "enabled")):
+        return True
+    if value in _FALSE or value.startswith(("false", "no ", "disabled")):
+        return False
+    raise CellError(f"{text!r} is not true/false")
+
+
+def parse_distributed_optimizer(cell: str | None) -> Any:
+    """True/False, ZeRO-1 spellings ('zero-1 (deepspeed)', 'true (zero1)') -> True; ZeRO-2/3 and FSDP
+    raise CellError (parameters sharded: not a Strategy option)."""
+    text = _text(cell)
+    low = text.lower()
+    if is_unknown(text):
+        return UNKNOWN
+    if _FSDP.search(low):
+        raise CellError(f"{text!r}: Megatron-FSDP / ZeRO-2/3 shard more than the optimizer; not a Strategy option")
+    main = _main(text)
+    if re.search(r"zero[- _]?(stage[- _]?)?1\b|^stage[- _]?1\b", main):
+        return True
+    if re.search(r"zero[- _]?(stage[- _]?)?0\b|^stage[- _]?0\b", main) or main in _NOT_SHARDED:
+        return False
+    if main in _DISTRIBUTED_OPTIMIZER or any(main.startswith(s) for s in _DISTRIBUTED_OPTIMIZER):
+        return True
+    return parse_bool(text)
+
+
+def parse_recompute(cell: str | None) -> Any:
+    """(granularity, method, num_layers), or ('offload', None, layers or None) for activation offloading:
+    'full' -> full/uniform/1, 'full (method=block, num_layers=4)', 'block 4', 'selective', 'none',
+    'true' -> full. UNKNOWN for an empty cell."""
+    text = _text(cell)
+    if is_unknown(text):
+        return UNKNOWN
+    value = text.lower()
+    if _OFFLOAD.search(value):
+        layers = re.search(r"(\d+)", value)
+        return "offload", None, int(layers.group(1)) if layers else None
+    if value in _RECOMPUTE_NONE:
+        return None, None, None
+    if _RECOMPUTE_SELECTIVE.match(value):
+        return "selective", None, None
+    if _RECOMPUTE_FULL.match(value):
+        method = re.search(r"(uniform|block)", value)
+        layers = re.search(r"(?:num_layers\s*=\s*|layers?\s*[=:]?\s*|(?:uniform|block)\s*[,=:]?\s*)(\d+)", value)
+        return "full", method.group(1) if method else "uniform", int(layers.group(1)) if layers else 1
+    raise CellError(f"{text!r} is not none/selective/full")
+
+
+def parse_result(cell: str | None) -> Any:
+    text = _text(cell)
+    if is_unknown(text):
+        return UNKNOWN
+    value = _main(text)
+    for result, words in _RESULT.items():
+        if value in words or any(value.startswith(w) for w in words if len(w) > 3):
+            return result
+    raise CellError(f"{text!r} is not ok, oom or error")
+
+
+def parse_precision(cell: str | None) -> Any:
+    """'BF16' -> bf16, 'fp16/mixed' -> fp16, 'MXFP8' / 'FP8-CS' / 'fp8 (hybrid) over bf16' -> fp8;
+    CellError for a precision the model does not cover (NVFP4, any fp4, fp32/tf32)."""
+    text = _text(cell)
+    if is_unknown(text):
+        return UNKNOWN
+    value = text.lower()
+    if "fp4" in value or "int4" in value:
+        raise CellError(f"{text!r} is not modelled (we model bf16, fp16, fp8)")
+    if "fp8" in value or "e4m3" in value:  # before bf16: "fp8 (hybrid, ...) over bf16" trains in fp8
+        return "fp8"
+    if "bf16" in value or "bfloat16" in value:
+        return "bf16"
+    if "fp16" in value or "float16" in value or value in ("half", "mixed", "amp"):
+        return "fp16"
+    raise CellError(f"{text!r} is not modelled (we model bf16, fp16, fp8)")
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+_SCALE = {"k": 1e3, "m": 1e6, "b": 1e9}
+
+
+def parse_number(cell: str | None, unit: str = "") -> Any:
+    """A number as tables write it: '1,234.5', '~12', '45%', '39.9k', '850 ms', '80 GB'. `unit`
+    says what the column holds ('s', 'gib', 'fraction'); a unit in the cell is converted to it."""
+    text = _text(cell)
+    if is_unknown(text):
+        return UNKNOWN
+    cleaned = text.replace(",", "").replace("≈", "").replace("~", "").strip().lower()
+    found = _NUMBER.search(cleaned)
+    if not found:
+        raise CellError(f"{text!r} is not a number")
+    value = float(found.group(0))
+    rest = cleaned[found.end():].strip()
+    if rest[:1] in _SCALE and not rest.startswith(("mb", "ms", "min", "gb", "gib", "mib", "b/")):
+        value *= _SCALE[rest[0]]
+        rest = rest[1:].strip()
+    if unit == "s":
+        if rest.startswith("ms"):
+            value /= 1000.0
+        elif rest.startswith(("min", "m ")):
+            value *= 60.0
+    elif unit == "gib":
+        if rest.startswith(("mib", "mb")):
+            value /= 1024.0
+        elif rest.startswith("gb") and not rest.startswith("gib"):
+            value *= 1e9 / 2**30 if "decimal" in rest else 1.0  # tables mean GiB by "GB" almost always
+    elif unit == "fraction":
+        if rest.startswith("%") or value > 1.5:  # MFU written as a percentage
+            value /= 100.0
+    return value
+
+
+def parse_int(cell: str | None) -> Any:
+    value = parse_number(cell)
+    if value is UNKNOWN:
+        return UNKNOWN
+    if value != int(value) or value < 1:
+        raise CellError(f"{_text(cell)!r} is not a positive integer")
+    return int(value)
+
+
+# -- headers -----------------------------------------------------------------------------------
+
+_HEADER_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "model": ("model_name", "name", "model_size", "arch", "architecture"),
+    "num_layers": ("layers", "n_layers", "num_hidden_layers", "nlayers"),
+    "hidden_size": ("hidden", "d_model", "hidden_dim", "emb_size"),
+    "num_attention_heads": ("heads", "attention_heads", "n_heads", "num_heads"),
+    "num_query_groups": ("query_groups", "kv_heads", "num_kv_heads", "num_key_value_heads", "gqa_groups", "groups"),
+    "ffn_hidden_size": ("ffn", "ffn_size", "intermediate_size", "mlp_hidden_size", "ffn_dim"),
+    "vocab_size": ("vocab", "vocabulary", "padded_vocab_size"),
+    "seq_length": ("seq_len", "sequence_length", "seqlen", "seq", "context_length"),
+    "num_experts": ("experts", "n_experts", "num_moe_experts", "moe_experts"),
+    "topk": ("top_k", "moe_topk", "moe_router_topk", "router_topk"),
+    "gpu": ("gpu_type", "accelerator", "device", "hardware", "system"),
+    "num_gpus": ("gpus", "n_gpus", "num_gpu", "world_size", "ngpus", "gpu_count", "#_gpus", "#gpus"),
+    "dp": ("data_parallel", "data_parallel_size", "dp_size"),
+    "gbs": ("global_batch_size", "global_batch", "batch_size"),
+    "mbs": ("micro_batch_size", "micro_batch"),
+    "precision": ("dtype", "data_type", "fp_format"),
+    "distributed_optimizer": ("dist_opt", "distopt", "zero", "zero_stage", "use_distributed_optimizer",
+                              "distributed_opt"),
+    "recompute": ("ac", "activation_checkpointing", "recompute_granularity", "activation_recompute",
+                  "checkpointing", "recomputation"),
+    "sequence_parallel": ("sp",),
+    "result": ("status", "outcome", "ran", "success"),
+    "tflops_per_gpu": ("tflops", "tflops_gpu", "model_tflops_per_gpu", "tflop_s_gpu", "tflops_per_sec_per_gpu",
+                       "model_tflop_sec_gpu", "throughput_tflops"),
+    "mfu": ("model_flops_utilization",),
+    "step_time_s": ("step_time", "iteration_time", "time_per_step", "iter_time", "step_time_sec",
+                    "time_per_iteration", "elapsed_time_per_iteration"),
+    "tokens_per_s_per_gpu": ("tgs", "tokens_per_sec_per_gpu", "tokens_s_gpu", "tokens_per_second_per_gpu",
+                             "throughput_per_gpu"),
+    "mem_max_gib": ("memmax", "max_memory", "peak_memory", "mem_max", "memory", "mem_gib", "max_mem", "mem_max_gb",
+                    "peak_mem"),
+    "source": ("reference", "ref", "citation", "url"),
+    "notes": ("note", "comment", "comments", "remarks"),
+}
+
+
+def _key(header: str) -> str:
+    text = re.sub(r"\(.*?\)", "", header).strip().lower()
+    return re.sub(r"[\s\-/.]+", "_", text).strip("_")
+
+
+def canonical_header(header: str) -> str | None:
+    """The replay column a header names ('TP' -> tp, 'Micro Batch Size' -> mbs, 'MFU (%)' -> mfu,
+    'expert_tensor_parallel_size' -> etp), or None for a column the format does not know."""
+    key = _key(header)
+    if key in _HEADER_SYNONYMS:
+        return key
+    for column, names in _HEADER_SYNONYMS.items():
+        if key in names:
+            return column
+    for k in KNOBS:  # knob columns: the registry's csv name, field name, aliases, paper name
+        if k.csv and key in (k.csv, k.name, k.paper.lower(), *k.aliases):
+            return k.csv
+    return None
+
+
+def header_unit(header: str) -> str:
+    """The unit a header states in parentheses ('step time (ms)' -> 'ms'), lower-cased."""
+    found = re.search(r"\(([^)]*)\)", header)
+    return found.group(1).strip().lower() if found else ""
