@@ -237,7 +237,8 @@ FILE_CASES = [
     Case("replay CSV is binary", REPLAY, "launcher.data", {"runs.csv": b"model,tp\n\x00\x01\x02\xff" * 100}),
     Case("replay CSV not UTF-8", REPLAY, "launcher.data", {"runs.csv": PAPER_CSV.replace("Llama3-8B", "Llam\xe4")
                                                           .encode("latin-1", "replace")}),
-    Case("replay CSV with a bad result cell", REPLAY, "launcher.data", {"runs.csv": csv_with({"result": "maybe"})}),
+    # (One unreadable cell is not hostile: the tolerant reader skips or infers that row and names it —
+    # issue 16. A file that is not a replay table at all still is, below.)
     Case("replay CSV of 9 MB", REPLAY, "launcher.data", {"runs.csv": PAPER_CSV.encode() + b"#" * 9_000_000}),
     Case("replay CSV is /dev/zero", edit(REPLAY, "launcher.data", "/dev/zero"), "launcher.data"),
     Case("replay CSV is a directory", edit(REPLAY, "launcher.data", "/tmp"), "launcher.data"),
