@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from optico.agents.fallback import decided_by, llm_usage
 from optico.pool.store import Store
 from optico.trial import Trial, TrialStatus
 
@@ -31,6 +32,8 @@ def job_result(store: Store, job_id: int) -> dict[str, Any]:
     ok = [t for t in trials if t.status == TrialStatus.OK and t.metrics]
     best = max(ok, key=lambda t: t.metrics.mfu) if ok else None
     baseline_strategy = job.spec.baseline or (trials[0].strategy if trials else None)
+    messages = store.messages(job_id)
+    decisions = decided_by(messages, job.spec.reasoner, trials)
     baseline_trial = next((t for t in trials if baseline_strategy and t.signature == baseline_strategy.signature()
                            and t.status == TrialStatus.OK), None)
     return {
@@ -51,6 +54,7 @@ def job_result(store: Store, job_id: int) -> dict[str, Any]:
             "tflops_per_gpu": best.metrics.tflops_per_gpu,
             "megatron_args": best.strategy.megatron_args(),
         },
+        "reasoner": {**job.spec.reasoner.model_dump(mode="json"), "llm": llm_usage(messages)},
         "gpu_hours": sum(t.gpu_seconds for t in trials) / 3600,
         "failed_trials": sum(1 for t in trials if t.status == TrialStatus.FAILED),
         "trials": [{
@@ -60,5 +64,6 @@ def job_result(store: Store, job_id: int) -> dict[str, Any]:
             "metrics": _metrics(t),
             "failure": _failure(t),
             "rationale": t.rationale,
+            "decided_by": decisions.get(t.index),
         } for t in trials],
     }

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from optico.agents.analysis import RulesAnalysis
-from optico.agents.failure import RulesFailureAnalysis
+from optico.agents.failure import NoFailureAnalysis, RulesFailureAnalysis
+from optico.agents.fallback import FallbackRefused, WithFallback, pool_notifier
 from optico.agents.generation import RulesGeneration
 from optico.checkpoint import open_checkpointer, thread_config
 from optico.guard import Guard
@@ -12,6 +13,7 @@ from optico.launchers.factory import build_launcher
 from optico.loop import EventSink, LoopContext, build_graph
 from optico.perfmodel.constants import load_constants
 from optico.perfmodel.online import JobModel
+from optico.pool.records import JobStatus
 from optico.pool.store import Store
 from optico.spec import JobSpec
 from optico.strategy import Strategy
@@ -40,7 +42,10 @@ def build_context(spec: JobSpec, store: Store, job_id: int, *, launcher: Launche
     rules_failure = RulesFailureAnalysis()
     analysis, generation, failure = rules_analysis, rules_generation, rules_failure
     chosen = spec.reasoner
-    if "openai" in (chosen.analysis, chosen.generation, chosen.failure):
+    # Every reasoner that is not the rules is wrapped: a fallback to the rules is recorded, shown
+    # and, with require_llm, an error (optico.agents.fallback).
+    notify = pool_notifier(store, job_id, on_event)
+    if chosen.uses_llm:
         # Imported here: a rules-only job never loads the openai package. Settings come from
         # OPTICO_LLM_*; a missing model or key raises ValueError naming the variable.
         from optico.agents.llm import build_llm_reasoners
@@ -48,10 +53,20 @@ def build_context(spec: JobSpec, store: Store, job_id: int, *, launcher: Launche
         def record(agent: str, iteration: int, kind: str, content: dict, text: str = "") -> None:
             store.add_message(job_id, iteration, agent, kind, content, text)
 
-        llm = build_llm_reasoners(spec, rules_analysis, record)
-        analysis = llm.analysis if chosen.analysis == "openai" else analysis
-        generation = llm.generation if chosen.generation == "openai" else generation
-        failure = llm.failure if chosen.failure == "openai" else failure
+        def vet(strategy: Strategy, history: list) -> str | None:
+            verdict = guard.check(strategy, history, prior)
+            return None if verdict.admitted else f"{verdict.rule}: {verdict.reason}"
+
+        llm = build_llm_reasoners(spec, rules_analysis, record, vet=vet)
+        wrap = {"require_llm": chosen.require_llm}
+        if chosen.analysis != "rules":
+            analysis = WithFallback("analysis", llm.analysis, rules_analysis, notify, **wrap)
+        if chosen.generation != "rules":
+            generation = WithFallback("generation", llm.generation, rules_generation, notify, **wrap)
+        if chosen.failure != "rules":
+            failure = WithFallback("failure", llm.failure, rules_failure, notify, **wrap)
+    if chosen.ablated("failure-analysis"):
+        failure = WithFallback("failure", NoFailureAnalysis(), rules_failure, notify)
     return LoopContext(store=store, spec=spec, launcher=launcher, model=model, guard=guard, pool=pool,
                        analysis=analysis, generation=generation, failure=failure,
                        rules_analysis=rules_analysis, rules_generation=rules_generation,
@@ -70,4 +85,8 @@ def run_job(store: Store, database_url: str, job_id: int, *, launcher: Launcher 
         if snapshot.values and not snapshot.next:
             return  # finished before
         start = None if snapshot.next else {"job_id": job_id, "next_index": 1}
-        app.invoke(start, config, context=ctx, durability="sync")
+        try:
+            app.invoke(start, config, context=ctx, durability="sync")
+        except FallbackRefused as exc:  # require_llm: the job fails, naming the fallback
+            store.set_job_status(job_id, JobStatus.FAILED, stop_reason=str(exc))
+            raise

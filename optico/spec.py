@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
 from optico.launchers.program import ProgramSpec
 from optico.perfmodel.constants import load_constants
@@ -19,7 +19,16 @@ from optico.search_space import SearchSpace
 from optico.strategy import Strategy, canonical_field, strategy_from_mapping
 from optico.workload import PRESETS, Cluster, Framework, ModelArch, Workload
 
-ReasonerKind = Literal["rules", "openai"]
+# rules: the offline expert rules. model-guided: an LLM ranks the performance model's candidate
+# moves (the name "openai" is accepted for it: jobs stored before the modes had names).
+# llm-led: the paper's method: the LLM reasons over the pool's history and writes the
+# configurations; the guard is the only code between it and a launch.
+ReasonerKind = Literal["rules", "model-guided", "llm-led"]
+REASONER_KINDS: tuple[str, ...] = ("rules", "model-guided", "llm-led")
+# The paper's ablations: without the pool's history (the last trial only), without failure
+# analysis, without chain of thought, without confidence scores.
+Ablation = Literal["history", "failure-analysis", "cot", "confidence"]
+ABLATIONS: tuple[str, ...] = ("history", "failure-analysis", "cot", "confidence")
 
 
 class SpecError(ValueError):
@@ -80,13 +89,45 @@ class LauncherSpec(BaseModel):
 
 
 class ReasonerSpec(BaseModel):
-    """Which reasoner each agent uses."""
+    """Which reasoner each agent uses, the paper's ablations, and whether the LLM is required."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     analysis: ReasonerKind = "rules"
     generation: ReasonerKind = "rules"
     failure: ReasonerKind = "rules"
+    ablate: tuple[Ablation, ...] = Field((), description="Ablations to run (the paper's Table 2): history "
+                                         "(the agents see the last trial only), failure-analysis (failed runs "
+                                         "are not diagnosed), cot (no chain of thought asked), confidence (no "
+                                         "confidence scores asked).")
+    require_llm: bool = Field(False, description="A fallback from an LLM reasoner to the rules fails the job "
+                                                 "instead of being recorded and tolerated.")
+
+    @field_validator("analysis", "generation", "failure", mode="before")
+    @classmethod
+    def _alias(cls, value: object) -> object:
+        return "model-guided" if value == "openai" else value
+
+    @field_validator("ablate", mode="before")
+    @classmethod
+    def _ablations(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, (list, tuple)):
+            return tuple(sorted(set(value), key=lambda v: ABLATIONS.index(v) if v in ABLATIONS else 99))
+        return value
+
+    @classmethod
+    def every(cls, kind: str, **more: object) -> ReasonerSpec:
+        """The same reasoner for all three agents."""
+        return cls(analysis=kind, generation=kind, failure=kind, **more)  # type: ignore[arg-type]
+
+    @property
+    def uses_llm(self) -> bool:
+        return any(k != "rules" for k in (self.analysis, self.generation, self.failure))
+
+    def ablated(self, what: str) -> bool:
+        return what in self.ablate
 
 
 class JobSpec(BaseModel):
@@ -262,6 +303,11 @@ def parse_spec(data: Any, origin: Path | None = None) -> JobSpec:
     reasoner_raw = data.get("reasoner")
     if isinstance(reasoner_raw, str):
         reasoner_raw = {"analysis": reasoner_raw, "generation": reasoner_raw, "failure": reasoner_raw}
+    elif isinstance(reasoner_raw, dict) and isinstance(reasoner_raw.get("all"), str):
+        # {all: llm-led, ablate: [cot]}: one kind for every agent, with options beside it
+        kind = reasoner_raw["all"]
+        reasoner_raw = {"analysis": kind, "generation": kind, "failure": kind,
+                        **{k: v for k, v in reasoner_raw.items() if k != "all"}}
     reasoner = _validated(ReasonerSpec, _mapping(reasoner_raw, "reasoner"), "reasoner")
     name = data.get("name") or (origin.stem if origin else "job")
     seed = data.get("seed", 0)

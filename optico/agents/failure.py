@@ -135,3 +135,15 @@ class RulesFailureAnalysis:
         summary = f"Potential underlying issue: {_clip_words(line or 'unrecognised failure', 20)} (Confidence: 30)"
         return Failure(category=FailureCategory.UNKNOWN, summary=summary, params=[], confidence=30, retry=False,
                        log_excerpt=excerpt)
+
+
+class NoFailureAnalysis:
+    """The ablation without failure analysis: a failed run is recorded with what the launcher
+    said, undiagnosed — no parameters blamed, no RETRY."""
+
+    name = "ablated"
+
+    def diagnose(self, inp: FailureInput) -> Failure:
+        category = inp.category_hint or FailureCategory.UNKNOWN
+        return Failure(category=category, summary="Run failed; not diagnosed (ablation without failure analysis)",
+                       params=[], confidence=0, retry=False, log_excerpt=inp.log.strip()[-300:])

@@ -7,13 +7,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.console import Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from optico.cli.common import DatabaseOption, console, fail, open_store
-from optico.spec import JobSpec, ReasonerSpec, SpecError, load_spec
+from optico.agents.fallback import FallbackRefused
+from optico.cli.common import DatabaseOption, console, err, fail, open_store
+from optico.spec import ABLATIONS, REASONER_KINDS, JobSpec, ReasonerSpec, SpecError, load_spec
 
 
 def _apply_overrides(spec: JobSpec, launcher: str | None, max_trials: int | None, seed: int | None) -> JobSpec:
@@ -33,26 +35,41 @@ def _apply_overrides(spec: JobSpec, launcher: str | None, max_trials: int | None
     return spec.model_copy(update=updates) if updates else spec
 
 
-def _apply_reasoner(spec: JobSpec, reasoner: str | None) -> JobSpec:
-    """`--reasoner` sets all three agents' reasoners; an LLM endpoint must be configured."""
+def _apply_reasoner(spec: JobSpec, reasoner: str | None, ablate: str | None = None,
+                    require_llm: bool = False) -> JobSpec:
+    """`--reasoner` sets all three agents' reasoners, `--ablate` the paper's ablations, `--require-llm`
+    makes a fallback to the rules an error; an LLM endpoint must be configured."""
+    r = spec.reasoner
+    updates: dict[str, Any] = {}
     if reasoner is not None:
-        if reasoner not in ("rules", "openai"):
-            raise SpecError("--reasoner", f"unknown reasoner {reasoner!r} (rules, openai)")
-        spec = spec.model_copy(update={"reasoner": ReasonerSpec(analysis=reasoner, generation=reasoner,
-                                                                failure=reasoner)})
+        if reasoner not in (*REASONER_KINDS, "openai"):
+            raise SpecError("--reasoner", f"unknown reasoner {reasoner!r} ({', '.join(REASONER_KINDS)})")
+        updates.update(ReasonerSpec.every(reasoner).model_dump(include={"analysis", "generation", "failure"}))
+    if ablate is not None:
+        wanted = [a.strip() for a in ablate.split(",") if a.strip()]
+        unknown = [a for a in wanted if a not in ABLATIONS]
+        if unknown:
+            raise SpecError("--ablate", f"unknown ablation {unknown[0]!r} ({', '.join(ABLATIONS)})")
+        updates["ablate"] = wanted
+    if require_llm:
+        updates["require_llm"] = True
+    if updates:
+        spec = spec.model_copy(update={"reasoner": ReasonerSpec.model_validate({**r.model_dump(), **updates})})
+    if spec.reasoner.require_llm and not spec.reasoner.uses_llm:
+        raise SpecError("--require-llm", "no agent uses an LLM reasoner (set --reasoner llm-led or model-guided)")
     return spec
 
 
 def _check_llm(spec: JobSpec) -> None:
     """Fails fast, naming the OPTICO_LLM_* variable, when an LLM reasoner cannot be built."""
     r = spec.reasoner
-    if "openai" in (r.analysis, r.generation, r.failure):
+    if r.uses_llm:
         from optico.llm.settings import load_settings
 
         try:
             load_settings()
         except ValueError as exc:
-            fail(f"reasoner openai: {exc}")
+            fail(f"reasoner {r.analysis if r.analysis != 'rules' else r.generation}: {exc}")
 
 
 class TrialView:
@@ -94,6 +111,9 @@ class TrialView:
                                  if payload.get("best_mfu") else "")
             if not self.live:
                 console.print(f"#{row[0]:>2} {row[1]:<40} MFU {mfu:>6}  {detail}  — {row[2]}", highlight=False)
+        elif kind == "fallback":  # an LLM reasoner's answer was not used: say so as it happens
+            console.print(f"[yellow]fallback[/] iteration {payload['iteration']} {payload['agent']}: "
+                          f"{escape(payload['reason'])}", highlight=False, soft_wrap=True)
         elif kind == "job_done":
             self.progress.update(self.task, description=f"done: {payload['stop_reason']}")
 
@@ -125,7 +145,13 @@ def tune(
     max_trials: Optional[int] = typer.Option(None, "--max-trials", help="Override the trial budget."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Override the job seed."),
     reasoner: Optional[str] = typer.Option(None, "--reasoner", help="Override the spec's reasoners for all "
-                                           "three agents: rules|openai (endpoint from OPTICO_LLM_*)."),
+                                           "three agents: rules|model-guided|llm-led (openai = model-guided; "
+                                           "endpoint from OPTICO_LLM_*)."),
+    ablate: Optional[str] = typer.Option(None, "--ablate", metavar="LIST",
+                                         help="The paper's ablations, comma-separated: history, "
+                                              "failure-analysis, cot, confidence."),
+    require_llm: bool = typer.Option(False, "--require-llm", help="Fail the job when an LLM reasoner falls "
+                                                                  "back to the rules."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the result as JSON here."),
     resume: Optional[int] = typer.Option(None, "--resume", metavar="JOB_ID", help="Resume an interrupted job."),
     database: Optional[str] = DatabaseOption,
@@ -136,7 +162,8 @@ def tune(
     spec = None
     if resume is None:
         try:
-            spec = _apply_reasoner(_apply_overrides(load_spec(spec_path), launcher, max_trials, seed), reasoner)
+            spec = _apply_reasoner(_apply_overrides(load_spec(spec_path), launcher, max_trials, seed), reasoner,
+                                   ablate, require_llm)
         except SpecError as exc:
             fail(str(exc))
         _check_llm(spec)
@@ -160,14 +187,18 @@ def tune(
             max_t = spec.budget.max_trials
             console.print(f"job {job_id}: {spec.name} — {spec.workload.describe()}, launcher {spec.launcher.kind}")
         view = TrialView(max_t, live=console.is_terminal)
-        if view.live:
-            with Live(view.render(), console=console, refresh_per_second=4) as live:
-                def on_event(kind: str, payload: dict[str, Any]) -> None:
-                    view.on_event(kind, payload)
-                    live.update(view.render())
-                run_job(store, url, job_id, on_event=on_event)
-        else:
-            run_job(store, url, job_id, on_event=view.on_event)
+        try:
+            if view.live:
+                with Live(view.render(), console=console, refresh_per_second=4) as live:
+                    def on_event(kind: str, payload: dict[str, Any]) -> None:
+                        view.on_event(kind, payload)
+                        live.update(view.render())
+                    run_job(store, url, job_id, on_event=on_event)
+            else:
+                run_job(store, url, job_id, on_event=view.on_event)
+        except FallbackRefused as exc:  # --require-llm: the job is failed, and so is the command
+            err.print(f"[bold red]error:[/] job {job_id}: {escape(str(exc))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
         result = job_result(store, job_id)
         summary(result)
         if json_path:

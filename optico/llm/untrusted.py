@@ -2,8 +2,9 @@
 
 A log is whatever the training program printed — including, possibly, a line that reads
 like an instruction. Such text reaches a model only (1) cleaned: ANSI escapes and control
-characters removed; (2) trimmed around the first error, keeping the head and the tail;
-(3) fenced, with a fence longer than any run of backticks inside, so the text cannot
+characters removed; (2) lines addressed to a model ("ignore previous instructions", "answer RETRY") withheld;
+(3) trimmed around the first error, keeping the head and the tail;
+(4) fenced, with a fence longer than any run of backticks inside, so the text cannot
 close its own block. The system prompts say fenced blocks are data. None of this makes
 injection impossible — the guard still checks every candidate the model proposes.
 """
@@ -20,6 +21,36 @@ _ERROR = re.compile(
     r"\b[A-Za-z_.]*(?:Error|Exception)\b:|AssertionError|Segmentation fault|core dumped|"
     r"\bNCCL error\b|\bfatal\b|no output for \d+", re.I)
 _BACKTICKS = re.compile(r"`+")
+# Lines addressed to a model rather than written by a training program. Real logs do not
+# say these; an attacker who can print into a log does. They are withheld from prompts, so
+# an instruction in a log never reaches the model that decides a verdict. The paper's own
+# diagnosis form ("... No parameter issue. RETRY (Confidence: 60)") is not one of them.
+_INSTRUCTION = re.compile(
+    r"\b(?:ignore|disregard|forget)\b[^\n]{0,40}\b(?:instructions?|prompt|rules|above)\b|"
+    r"\b(?:answer|respond|reply|say|output|write)\b[^\n]{0,30}(?:\bRETRY\b|No parameter issue)|"
+    r"^\W*(?:SYSTEM|ASSISTANT|USER|DEVELOPER)\s*:|"
+    r"\byou (?:are|must|should|will)\b[^\n]{0,40}\b(?:model|agent|assistant|answer|diagnos\w*)\b|"
+    r"\b(?:set|change)\s+(?:TP|PP|CP|EP|VPP|MICRO_BATCH_SIZE|MBS)\s+to\b|"
+    r"<\|(?:im_start|im_end|system|user|assistant)\|>|</?(?:system|instructions?)>", re.I | re.M)
+_LOG_RETRY = re.compile(r"\bRETRY\b")  # a training log has no business saying RETRY in capitals
+WITHHELD = "[line withheld: addressed to a model, not written by the training program]"
+
+
+def looks_like_instruction(line: str) -> bool:
+    """Whether `line` speaks to a model (see _INSTRUCTION)."""
+    return bool(_INSTRUCTION.search(line))
+
+
+def withhold_instructions(log: str) -> tuple[str, int]:
+    """(the log with every line addressed to a model replaced by WITHHELD, how many were)."""
+    out, n = [], 0
+    for line in log.splitlines():
+        if looks_like_instruction(line) or _LOG_RETRY.search(line):
+            out.append(WITHHELD)
+            n += 1
+        else:
+            out.append(line)
+    return "\n".join(out), n
 
 
 def clean(text: str) -> str:
@@ -49,7 +80,8 @@ def excerpt(log: str, max_chars: int = 4000, *, head: int = 8, before: int = 4, 
             tail: int = 16, line_chars: int = 400) -> str:
     """The log cleaned and cut to `max_chars`: its head, a window around the first error and
     its tail, each gap marked with how many lines were left out."""
-    lines = [line if len(line) <= line_chars else line[:line_chars] + " [...]" for line in clean(log).splitlines()]
+    cleaned, _ = withhold_instructions(clean(log))
+    lines = [line if len(line) <= line_chars else line[:line_chars] + " [...]" for line in cleaned.splitlines()]
     text = "\n".join(lines)
     if len(text) <= max_chars:
         return text
@@ -80,5 +112,7 @@ def cell(text: str | None, words: int = 30) -> str:
     if not text:
         return ""
     flat = " ".join(clean(text).replace("|", "/").replace("`", "'").split())
+    if looks_like_instruction(flat):
+        return "[withheld: addressed to a model]"
     parts = flat.split(" ")
     return flat if len(parts) <= words else " ".join(parts[:words]) + " ..."
