@@ -1,14 +1,18 @@
 """LLM reasoners for three of the four agents, over any OpenAI-compatible endpoint.
 
 Each implements the same protocol as its offline rules reasoner (`optico.agents.contracts`),
-so the loop never knows which one answered. One call per agent and iteration:
+so the loop never knows which one answered. Two modes (`AskOptions.mode`): model-guided (the
+LLM ranks the performance model's candidates) and llm-led (the paper: the LLM reasons over the
+history table and writes the configurations; only the guard stands between it and a launch).
+One call per agent and iteration:
 
-    render the template (optico/agents/prompts/<agent>.md) with the compact history
-    -> ChatClient.complete (retries, backoff, structured output, breaker)
-    -> parse (JSON, else the paper's text form) and validate into the contract
+    render the template (optico/agents/prompts/<agent>.md) with the history view
+    -> ChatClient.complete (streaming, retries, backoff, structured output, breaker)
+    -> redact, parse (JSON, else the paper's text form) and validate into the contract
+       (generation: proposals the guard refuses are invalid too)
     -> on an invalid answer: one re-ask quoting the error
-    -> on a second invalid answer or an endpoint failure: raise `LLMFallback`;
-       the loop then asks the offline reasoner and records a "fallback" message.
+    -> on a second invalid answer or an endpoint failure: raise `LLMFallback`; the wrapper
+       in `optico.agents.fallback` asks the offline reasoner and records why.
 
 Every request and response is recorded through the `Recorder` (see `optico.llm.audit`),
 redacted, whether it succeeded or not. The validation agent has no reasoner: the guard and

@@ -1,11 +1,12 @@
 """What an answer must look like: the JSON schemas sent as response_format and the output
 instructions of the prompts, for each mode and ablation.
 
-The schemas bound the answer's length (every string has a maxLength, every list a
-maxItems) so that a grammar-constrained server (llama.cpp) stops, and they enumerate every
-value the search space allows, so that even a small model's structured answer is a valid
-move more often than not. Validation (`optico.llm.answers`) still checks everything: a
-server may ignore the schema.
+The schemas bound the answer's shape (every list has a maxItems, every choice is an enum of
+what the search space allows, so that even a small model's constrained answer is a valid
+move more often than not); the length of free text is bounded by each agent's max_tokens,
+not by maxLength: llama.cpp turns maxLength into nested repetitions, and llama-cpp-python
+0.3.36's server died parsing the grammar of a schema with a 1,200-character field.
+Validation (`optico.llm.answers`) still checks everything: a server may ignore the schema.
 """
 
 from __future__ import annotations
@@ -19,10 +20,6 @@ from optico.search_space import SearchSpace
 from optico.strategy import PAPER_NAMES, Strategy
 from optico.trial import FailureCategory
 
-THINK_CHARS = 1200  # ~300 tokens of chain of thought
-REASON_CHARS = 240
-SUMMARY_CHARS = 300
-EVIDENCE_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -39,8 +36,8 @@ class AskOptions:
         return self.mode == "llm-led"
 
 
-def _text(max_chars: int) -> dict[str, Any]:
-    return {"type": "string", "maxLength": max_chars}
+def _text() -> dict[str, Any]:
+    return {"type": "string"}
 
 
 def _obj(properties: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +47,7 @@ def _obj(properties: dict[str, Any]) -> dict[str, Any]:
 
 def _with_think(properties: dict[str, Any], opts: AskOptions) -> dict[str, Any]:
     # "think" first: a grammar-constrained model writes its reasoning before its answer.
-    return _obj({"think": _text(THINK_CHARS), **properties} if opts.cot else properties)
+    return _obj({"think": _text(), **properties} if opts.cot else properties)
 
 
 def analysis_schema(space: SearchSpace, max_suggestions: int, opts: AskOptions) -> dict[str, Any]:
@@ -59,10 +56,10 @@ def analysis_schema(space: SearchSpace, max_suggestions: int, opts: AskOptions) 
     changes = [_obj({"param": {"const": PAPER_NAMES.get(f, f)}, "to": {"enum": list(domain)}})
                for f, domain in space.tunables.items()]
     suggestion = _obj({"changes": {"type": "array", "minItems": 1, "maxItems": 2, "items": {"anyOf": changes}},
-                       "reason": _text(REASON_CHARS), "expected_effect": _text(120),
+                       "reason": _text(), "expected_effect": _text(),
                        "kind": {"enum": ["standard", "exploratory"]}})
-    return _with_think({"health": {"enum": [h.value for h in HealthState]}, "directive": _text(120),
-                        "health_reason": _text(REASON_CHARS), "bottleneck": {"enum": [b.value for b in Bottleneck]},
+    return _with_think({"health": {"enum": [h.value for h in HealthState]}, "directive": _text(),
+                        "health_reason": _text(), "bottleneck": {"enum": [b.value for b in Bottleneck]},
                         "suggestions": {"type": "array", "items": suggestion, "minItems": 1,
                                         "maxItems": max_suggestions}}, opts)
 
@@ -70,7 +67,7 @@ def analysis_schema(space: SearchSpace, max_suggestions: int, opts: AskOptions) 
 def generation_schema(space: SearchSpace, max_proposals: int, opts: AskOptions) -> dict[str, Any]:
     """Complete configurations: every tunable with one of its allowed values."""
     config = _obj({f: {"enum": list(domain)} for f, domain in space.tunables.items()})
-    fields: dict[str, Any] = {"config": config, "justification": _text(REASON_CHARS), "expected_impact": _text(120)}
+    fields: dict[str, Any] = {"config": config, "justification": _text(), "expected_impact": _text()}
     if opts.confidence:
         fields["confidence"] = {"type": "integer", "minimum": 0, "maximum": 100}
     return _with_think({"proposals": {"type": "array", "items": _obj(fields), "minItems": 1,
@@ -80,9 +77,9 @@ def generation_schema(space: SearchSpace, max_proposals: int, opts: AskOptions) 
 def failure_schema(space: SearchSpace, opts: AskOptions) -> dict[str, Any]:
     """The paper's one line, its parts, and the log line that proves it (quoted verbatim)."""
     fields: dict[str, Any] = {
-        "summary": _text(SUMMARY_CHARS), "category": {"enum": [c.value for c in FailureCategory]},
+        "summary": _text(), "category": {"enum": [c.value for c in FailureCategory]},
         "params": {"type": "array", "maxItems": 2, "items": {"enum": [PAPER_NAMES.get(f, f) for f in space.tunables]}},
-        "evidence": _text(EVIDENCE_CHARS)}
+        "evidence": _text()}
     if opts.confidence:
         fields["confidence"] = {"type": "integer", "minimum": 0, "maximum": 100}
     fields["retry"] = {"type": "boolean"}

@@ -110,9 +110,22 @@ def tunables(user: str) -> list[str]:
 
 
 def candidate_moves(user: str) -> list[list[tuple[str, str, str]]]:
-    """Each numbered "Change ..." line of the analysis prompt's candidates (or generation's suggestions)."""
+    """Each numbered "Change ..." line of the analysis prompt's candidates (or generation's suggestions);
+    in the LLM-led mode, which shows no candidates, one-parameter moves to the next allowed value."""
     body = _section(user, "Candidate moves") or _section(user, "Bottleneck analysis")
-    return [c for line in body.splitlines() if re.match(r"^\d+\. Change", line) for c in [parse_changes(line)] if c]
+    moves = [c for line in body.splitlines() if re.match(r"^\d+\. Change", line) for c in [parse_changes(line)] if c]
+    if moves or _section(user, "Bottleneck analysis"):
+        return moves
+    current = current_config(user)
+    for line in _section(user, "Search space").splitlines():
+        m = re.match(r"^- (\S+) \((\w+)\): (.*)$", line)
+        if not m or m.group(2) not in current:
+            continue
+        now = display_value(m.group(2), current[m.group(2)])
+        other = next((v for v in m.group(3).split(", ") if v != now), None)
+        if other is not None:
+            moves.append([(m.group(1), now, other)])
+    return moves
 
 
 def analysis_answer(call: Call, k: int = 3) -> str:
