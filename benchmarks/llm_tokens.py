@@ -101,7 +101,7 @@ def measure(spec: JobSpec, rows: list[int], settings_overrides: dict[str, Any], 
         except Exception:
             pass
         failed = next((t for t in reversed(history) if t.status == TrialStatus.FAILED), None)
-        if failed is not None:
+        if failed is not None and "failure-analysis" not in ablate:  # the ablation asks no diagnosis
             try:
                 llm.failure.diagnose(FailureInput(workload=spec.workload, strategy=failed.strategy,
                                                   reference=reference, log=failed.log_excerpt,

@@ -166,7 +166,8 @@ def decided_by(messages: list[Any], spec_reasoner: Any, trials: list[Any]) -> di
             row = {"configuration": "retry"}
         else:
             row = {"analysis": entry(i, "analysis"), "generation": entry(i, "generation")}
-            if i in refused_all:  # the guard refused every proposal: the rules chose the configuration
+            if i in refused_all and row["generation"]["fallback"] is None:
+                # the guard refused every proposal the reasoner made: the rules chose the configuration
                 row["generation"] = {**row["generation"], "reasoner": "rules", "fallback": {
                     "cause": "guard-refused-all", "reason": "the guard refused every proposal; the rules chose"}}
         if t.status.value == "failed":

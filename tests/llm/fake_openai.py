@@ -122,13 +122,17 @@ def candidate_moves(user: str) -> list[list[tuple[str, str, str]]]:
         if not m or m.group(2) not in current:
             continue
         now = display_value(m.group(2), current[m.group(2)])
-        other = next((v for v in m.group(3).split(", ") if v != now), None)
+        values = m.group(3).split(", ")
+        if now not in values:
+            continue
+        at = values.index(now)  # the next allowed value up (more parallelism, more recompute), else down
+        other = values[at + 1] if at + 1 < len(values) else values[at - 1] if at else None
         if other is not None:
             moves.append([(m.group(1), now, other)])
     return moves
 
 
-def analysis_answer(call: Call, k: int = 3) -> str:
+def analysis_answer(call: Call, k: int = 6) -> str:
     moves = candidate_moves(call.user)[:k]
     if call.mode != "text":
         return json.dumps({
@@ -163,7 +167,8 @@ def _configs(call: Call, k: int) -> list[dict[str, Any]]:
 
 
 def generation_answer(call: Call, k: int = 3) -> str:
-    configs = _configs(call, k)
+    # asked again (the validator refused the first proposals): the next suggestions of the analysis
+    configs = _configs(call, 2 * k)[k:] if call.is_reask else _configs(call, k)
     if call.mode != "text":
         return json.dumps({"think": "apply the ranked suggestions in order",
                            "proposals": [{"config": c, "justification": f"suggestion {i + 1} of the analysis",
