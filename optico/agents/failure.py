@@ -12,6 +12,7 @@ import re
 
 from optico.agents.contracts import FailureInput
 from optico.guard import recompute_level
+from optico.redact import clip
 from optico.strategy import PAPER_NAMES, Strategy, display_value
 from optico.trial import Failure, FailureCategory
 
@@ -53,7 +54,7 @@ def first_error(log: str) -> tuple[FailureCategory | None, str, str]:
     for line in _ANSI.sub("", log).splitlines():
         for category, pattern, name in _PATTERNS:
             if pattern.search(line):
-                return category, name, line.strip()[:300]
+                return category, name, clip(line.strip(), 300)  # redacted, then cut
     return None, "", ""
 
 
@@ -100,7 +101,7 @@ class RulesFailureAnalysis:
             category = hint
             name = {FailureCategory.HANG: "no progress (hang)",
                     FailureCategory.NOT_MEASURED: "configuration not measured"}.get(hint, hint.value)
-        s, excerpt = inp.strategy, line or inp.log.strip()[-300:]
+        s, excerpt = inp.strategy, line or clip(inp.log.strip(), 300, tail=True)
         if category == FailureCategory.OOM:
             params = _oom_params(s, inp.reference)
             confidence = 92 if (inp.predicted_mem_fraction or 0) >= 0.85 or inp.reference else 75
@@ -146,4 +147,4 @@ class NoFailureAnalysis:
     def diagnose(self, inp: FailureInput) -> Failure:
         category = inp.category_hint or FailureCategory.UNKNOWN
         return Failure(category=category, summary="Run failed; not diagnosed (ablation without failure analysis)",
-                       params=[], confidence=0, retry=False, log_excerpt=inp.log.strip()[-300:])
+                       params=[], confidence=0, retry=False, log_excerpt=clip(inp.log.strip(), 300, tail=True))

@@ -59,6 +59,7 @@ from optico.llm.prompts import config_json, config_line, render, search_space_bl
 from optico.llm.settings import LLMSettings, load_settings
 from optico.llm.untrusted import cell, excerpt, fence
 from optico.perfmodel.bottleneck import Bottleneck
+from optico.redact import clip
 from optico.search_space import SearchSpace
 from optico.spec import JobSpec
 from optico.strategy import PAPER_NAMES, Strategy, display_value
@@ -406,7 +407,7 @@ class LLMFailureAnalysis(_LLMAgent):
 
     def diagnose(self, inp: FailureInput) -> Failure:
         detected, line = self._detected(inp)
-        log_excerpt = line or inp.log.strip()[-300:]
+        log_excerpt = line or clip(inp.log.strip(), 300, tail=True)
 
         def parse(data: dict[str, Any] | None, text: str) -> FailureVerdict:
             return failure_answer(data, text, space=self.space, detected=detected, excerpt=log_excerpt, log=inp.log,

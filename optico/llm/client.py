@@ -224,11 +224,13 @@ class ChatClient:
         return kwargs
 
     def _request(self, messages: list[dict[str, str]], schema: dict[str, Any] | None, name: str,
-                 notes: list[str], max_tokens: int) -> tuple[str, _Answer]:
+                 notes: list[str], max_tokens: int, extra: dict[str, Any] | None = None) -> tuple[str, _Answer]:
         s = self.settings
         while True:
             mode = self.facts.mode if schema is not None else "text"
             kwargs = self._kwargs(mode, schema, name, max_tokens)
+            if extra:
+                kwargs["extra_body"] = extra
             try:
                 if s.stream:
                     return mode, self._streamed(messages, kwargs)
@@ -301,9 +303,11 @@ class ChatClient:
 
     # -- one call ----------------------------------------------------------------------------
     def complete(self, messages: list[dict[str, str]], *, schema: dict[str, Any] | None = None,
-                 name: str = "answer", max_tokens: int | None = None) -> Completion:
+                 name: str = "answer", max_tokens: int | None = None,
+                 extra: dict[str, Any] | None = None) -> Completion:
         """The model's answer to `messages`; with `schema`, asked for as structured JSON where the
-        endpoint supports it. Raises EndpointError (message redacted) when no answer came."""
+        endpoint supports it; `extra`: more request fields the server knows (e.g. logit_bias).
+        Raises EndpointError (message redacted) when no answer came."""
         s, start = self.settings, self._clock()
         if self._open_until is not None and start < self._open_until:
             raise EndpointError(f"endpoint skipped for {self._open_until - start:.0f} s more: {self._failures_in_row} "
@@ -331,7 +335,7 @@ class ChatClient:
         def attempt() -> tuple[str, _Answer]:
             nonlocal attempts
             attempts += 1
-            return self._request(messages, schema, name, notes, max_tokens or s.max_tokens)
+            return self._request(messages, schema, name, notes, max_tokens or s.max_tokens, extra)
 
         retrying = Retrying(stop=stop_after_attempt(s.max_attempts), wait=wait, retry=retry_if_exception(is_transient),
                             before_sleep=before_sleep, sleep=self._sleep, reraise=True)

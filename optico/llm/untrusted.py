@@ -1,6 +1,7 @@
 """Text a prompt quotes but must not obey: training logs and earlier model output.
 
-A log is whatever the training program printed — including, possibly, a line that reads
+Secrets are redacted first (`optico.redact`), before anything is cut. A log is whatever the
+training program printed — including, possibly, a line that reads
 like an instruction. Such text reaches a model only (1) cleaned: ANSI escapes and control
 characters removed; (2) lines addressed to a model ("ignore previous instructions", "answer RETRY") withheld;
 (3) trimmed around the first error, keeping the head and the tail;
@@ -12,6 +13,8 @@ injection impossible — the guard still checks every candidate the model propos
 from __future__ import annotations
 
 import re
+
+from optico.redact import redact
 
 # CSI (colours, cursor moves), OSC (titles, hyperlinks) and two-byte escapes.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -80,7 +83,8 @@ def excerpt(log: str, max_chars: int = 4000, *, head: int = 8, before: int = 4, 
             tail: int = 16, line_chars: int = 400) -> str:
     """The log cleaned and cut to `max_chars`: its head, a window around the first error and
     its tail, each gap marked with how many lines were left out."""
-    cleaned, _ = withhold_instructions(clean(log))
+    # Redacted before anything is cut: a key split by a cut would no longer be recognised.
+    cleaned, _ = withhold_instructions(clean(redact(log)))
     lines = [line if len(line) <= line_chars else line[:line_chars] + " [...]" for line in cleaned.splitlines()]
     text = "\n".join(lines)
     if len(text) <= max_chars:
@@ -111,7 +115,7 @@ def cell(text: str | None, words: int = 30) -> str:
     """One table cell of untrusted text: one line, no pipes or backticks, at most `words` words."""
     if not text:
         return ""
-    flat = " ".join(clean(text).replace("|", "/").replace("`", "'").split())
+    flat = " ".join(clean(redact(text)).replace("|", "/").replace("`", "'").split())
     if looks_like_instruction(flat):
         return "[withheld: addressed to a model]"
     parts = flat.split(" ")

@@ -240,3 +240,14 @@ def test_an_answer_echoing_the_key_is_stored_redacted(db_url: str, fake_llm):
     store.close()
     raw = Path(db_url.removeprefix("sqlite:///")).read_bytes()
     assert API_KEY.encode() not in raw
+
+
+def test_a_key_in_a_training_log_never_reaches_a_prompt_or_the_pool(db_url: str, fake_llm):
+    server = fake_llm()
+    log = (f"env: OPENAI_API_KEY={API_KEY}\nAuthorization: Bearer {API_KEY}\n" + "x" * 390 + API_KEY + "\n"
+           + OOM_LOG)
+    result, store = run_llm_job(db_url, llm_spec(2, ReasonerSpec.every("llm-led")), FailingAt({1: log}))
+    assert server.by_role("failure") and not [c for c in server.calls if API_KEY in json.dumps(c.body)]
+    assert API_KEY not in json.dumps(result)
+    assert API_KEY not in json.dumps([m.content for m in store.messages(result["job_id"])])
+    store.close()
