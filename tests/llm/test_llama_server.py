@@ -146,7 +146,17 @@ def _check_job(result: dict, store, *, failure_ablated: bool) -> list:
             assert fb and fb[0].content["cause"] == d["fallback"]["cause"]
     failed = any(t["status"] == "failed" for t in result["trials"])
     assert bool([m for m in calls if m.agent == "failure"]) == (failed and not failure_ablated)
+    _summary(result)
     return calls
+
+
+def _summary(result: dict) -> None:
+    """One line per job (shown with pytest -rA): what was called, who decided, why any fallback."""
+    r = result["reasoner"]
+    decided = [f"#{t['index']} {agent}: {d['reasoner']}" + (f" ({d['fallback']['cause']}: "
+               f"{d['fallback']['reason'][:140]})" if d["fallback"] else "")
+               for t in result["trials"] for agent, d in (t["decided_by"] or {}).items() if agent != "configuration"]
+    print(f"JOB {r['analysis']} ablate={list(r['ablate'])} {r['llm']} | " + " | ".join(decided))
 
 
 # (mode, ablations, whether the seed run fails): a failed seed costs a failure-analysis call, so only
@@ -221,6 +231,7 @@ def test_a_server_killed_mid_job_ends_in_recorded_fallbacks(use, db_url, tmp_pat
         killer.cancel()
         server.kill()
     assert result["status"] == "completed" and len(result["trials"]) == 2
+    _summary(result)
     causes = {d["fallback"]["cause"] for t in result["trials"] for a, d in t["decided_by"].items()
               if a != "configuration" and d["fallback"]}
     assert causes and causes <= {"endpoint", "breaker"}
