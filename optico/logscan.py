@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from optico.redact import clip
 from optico.trial import FailureCategory
 
 _PATTERNS: list[tuple[FailureCategory, re.Pattern[str], str]] = [
@@ -35,5 +36,5 @@ def first_error(log: str) -> tuple[FailureCategory | None, str, str]:
     for line in _ANSI.sub("", log).splitlines():
         for category, pattern, name in _PATTERNS:
             if pattern.search(line):
-                return category, name, line.strip()[:300]
+                return category, name, clip(line.strip(), 300)  # redacted, then cut
     return None, "", ""

@@ -198,12 +198,7 @@ def diagnose(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
         else None,
         attempts=attempts, predicted_mem_fraction=ctx.model.mem_gib(trial.strategy) / ctx.model.limit_gib,
         iteration=trial.index)
-    try:
-        failure = ctx.failure.diagnose(inp)
-    except Exception as exc:  # an LLM reasoner that broke: the rules answer instead
-        failure = ctx.rules_failure.diagnose(inp)
-        ctx.store.add_message(job_id, trial.index, "failure", "fallback", {"error": clip(str(exc), 500)},
-                              worker=ctx.worker)
+    failure = ctx.failure.diagnose(inp)  # a fallback to the rules is optico.agents.fallback's
     failure = failure.model_copy(update={"log_excerpt": failure.log_excerpt or trial.log_excerpt[-500:]})
     ctx.store.set_trial_failure(trial.id, failure, worker=ctx.worker)
     _say(ctx, job_id, trial.index, "failure", "diagnosis", failure.model_dump(mode="json"), failure.summary)
@@ -259,12 +254,7 @@ def analyze(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
     trials = _finished(ctx.store.trials(job_id))
     inp = _analysis_input(ctx, trials, iteration)
     faults.point("analysis")
-    try:
-        out = ctx.analysis.analyze(inp)
-    except Exception as exc:  # the LLM reasoner failed: the offline rules answer
-        ctx.store.add_message(job_id, iteration, "analysis", "fallback", {"error": clip(str(exc), 500)},
-                              worker=ctx.worker)
-        out = ctx.rules_analysis.analyze(inp)
+    out = ctx.analysis.analyze(inp)  # a fallback to the rules is optico.agents.fallback's
     _say(ctx, job_id, iteration, "analysis", "output", out.model_dump(mode="json"),
          "\n".join(s.text for s in out.suggestions[:5]))
     faults.point("before_checkpoint")
@@ -277,12 +267,7 @@ def generate(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
     analysis = AnalysisOutput.model_validate(state["analysis"])
     inp = GenerationInput(workload=ctx.spec.workload, search_space=ctx.spec.search_space,
                           reference=_reference(trials), analysis=analysis, history=trials, iteration=iteration)
-    try:
-        out = ctx.generation.generate(inp)
-    except Exception as exc:
-        ctx.store.add_message(job_id, iteration, "generation", "fallback", {"error": clip(str(exc), 500)},
-                              worker=ctx.worker)
-        out = ctx.rules_generation.generate(inp)
+    out = ctx.generation.generate(inp)  # a fallback to the rules is optico.agents.fallback's
     _say(ctx, job_id, iteration, "generation", "output", out.model_dump(mode="json"),
          "\n".join(p.rationale for p in out.proposals[:5]))
     return {"proposals": [p.model_dump(mode="json") for p in out.proposals]}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from optico.agents.fallback import decided_by, llm_usage
 from optico.pool.contract import Store
 from optico.strategy import Strategy
 from optico.trial import Trial, TrialStatus
@@ -50,6 +51,8 @@ def job_result(store: Store, job_id: int) -> dict[str, Any]:
     trials = store.trials(job_id)
     best = _best(trials)
     baseline_strategy, baseline_trial = _baseline(job.spec.baseline, trials)
+    messages = store.messages(job_id)
+    decisions = decided_by(messages, job.spec.reasoner, trials)
     return {
         "job_id": job.id,
         "name": job.name,
@@ -68,6 +71,7 @@ def job_result(store: Store, job_id: int) -> dict[str, Any]:
             "tflops_per_gpu": best.metrics.tflops_per_gpu,
             "megatron_args": best.strategy.megatron_args(),
         },
+        "reasoner": {**job.spec.reasoner.model_dump(mode="json"), "llm": llm_usage(messages)},
         "gpu_hours": sum(t.gpu_seconds for t in trials) / 3600,
         "failed_trials": sum(1 for t in trials if t.status == TrialStatus.FAILED),
         "trials": [{
@@ -78,6 +82,7 @@ def job_result(store: Store, job_id: int) -> dict[str, Any]:
             "failure": _failure(t),
             "rationale": t.rationale,
             "log_path": t.log_path,
+            "decided_by": decisions.get(t.index),
         } for t in trials],
     }
 

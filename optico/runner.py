@@ -21,7 +21,8 @@ import uuid
 from dataclasses import dataclass
 
 from optico.agents.analysis import RulesAnalysis
-from optico.agents.failure import RulesFailureAnalysis
+from optico.agents.failure import NoFailureAnalysis, RulesFailureAnalysis
+from optico.agents.fallback import WithFallback, pool_notifier
 from optico.agents.generation import RulesGeneration
 from optico.candidates import candidate_pool
 from optico.checkpoint import open_checkpointer, thread_config
@@ -89,7 +90,10 @@ def build_context(spec: JobSpec, store: Store, job_id: int, *, worker: str, laun
     rules_failure = RulesFailureAnalysis()
     analysis, generation, failure = rules_analysis, rules_generation, rules_failure
     chosen = spec.reasoner
-    if "openai" in (chosen.analysis, chosen.generation, chosen.failure):
+    # Every reasoner that is not the rules is wrapped: a fallback to the rules is recorded, shown
+    # and, with require_llm, an error (optico.agents.fallback).
+    notify = pool_notifier(store, job_id, on_event)
+    if chosen.uses_llm:
         # Imported here: a rules-only job never loads the openai package. Settings come from
         # OPTICO_LLM_*; a missing model or key raises ValueError naming the variable.
         from optico.agents.llm import build_llm_reasoners
@@ -97,10 +101,20 @@ def build_context(spec: JobSpec, store: Store, job_id: int, *, worker: str, laun
         def record(agent: str, iteration: int, kind: str, content: dict, text: str = "") -> None:
             store.add_message(job_id, iteration, agent, kind, content, text, worker=worker)
 
-        llm = build_llm_reasoners(spec, rules_analysis, record)
-        analysis = llm.analysis if chosen.analysis == "openai" else analysis
-        generation = llm.generation if chosen.generation == "openai" else generation
-        failure = llm.failure if chosen.failure == "openai" else failure
+        def vet(strategy: Strategy, history: list) -> str | None:
+            verdict = guard.check(strategy, history, prior)
+            return None if verdict.admitted else f"{verdict.rule}: {verdict.reason}"
+
+        llm = build_llm_reasoners(spec, rules_analysis, record, vet=vet)
+        wrap = {"require_llm": chosen.require_llm}
+        if chosen.analysis != "rules":
+            analysis = WithFallback("analysis", llm.analysis, rules_analysis, notify, **wrap)
+        if chosen.generation != "rules":
+            generation = WithFallback("generation", llm.generation, rules_generation, notify, **wrap)
+        if chosen.failure != "rules":
+            failure = WithFallback("failure", llm.failure, rules_failure, notify, **wrap)
+    if chosen.ablated("failure-analysis"):
+        failure = WithFallback("failure", NoFailureAnalysis(), rules_failure, notify)
     return LoopContext(store=store, spec=spec, worker=worker, launcher=launcher, model=model, guard=guard, pool=pool,
                        analysis=analysis, generation=generation, failure=failure,
                        rules_analysis=rules_analysis, rules_generation=rules_generation,

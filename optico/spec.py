@@ -35,7 +35,16 @@ from optico.workload import PRESETS, Cluster, Framework, ModelArch, Workload
 __all__ = ["Budget", "JobSpec", "LauncherSpec", "ReasonerSpec", "SpecError", "load_spec", "parse_spec",
            "parse_spec_text"]
 
-ReasonerKind = Literal["rules", "openai"]
+# rules: the offline expert rules. model-guided: an LLM ranks the performance model's candidate
+# moves (the name "openai" is accepted for it: jobs stored before the modes had names).
+# llm-led: the paper's method: the LLM reasons over the pool's history and writes the
+# configurations; the guard is the only code between it and a launch.
+ReasonerKind = Literal["rules", "model-guided", "llm-led"]
+REASONER_KINDS: tuple[str, ...] = ("rules", "model-guided", "llm-led")
+# The paper's ablations: without the pool's history (the last trial only), without failure
+# analysis, without chain of thought, without confidence scores.
+Ablation = Literal["history", "failure-analysis", "cot", "confidence"]
+ABLATIONS: tuple[str, ...] = ("history", "failure-analysis", "cot", "confidence")
 
 MAX_SEED = 2**32 - 1  # numpy's generators take seeds in [0, 2**32)
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: no single run or wait is longer
@@ -115,13 +124,45 @@ class LauncherSpec(BaseModel):
 
 
 class ReasonerSpec(BaseModel):
-    """Which reasoner each agent uses."""
+    """Which reasoner each agent uses, the paper's ablations, and whether the LLM is required."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     analysis: ReasonerKind = "rules"
     generation: ReasonerKind = "rules"
     failure: ReasonerKind = "rules"
+    ablate: tuple[Ablation, ...] = Field((), description="Ablations to run (the paper's Table 2): history "
+                                         "(the agents see the last trial only), failure-analysis (failed runs "
+                                         "are not diagnosed), cot (no chain of thought asked), confidence (no "
+                                         "confidence scores asked).")
+    require_llm: bool = Field(False, description="A fallback from an LLM reasoner to the rules fails the job "
+                                                 "instead of being recorded and tolerated.")
+
+    @field_validator("analysis", "generation", "failure", mode="before")
+    @classmethod
+    def _alias(cls, value: object) -> object:
+        return "model-guided" if value == "openai" else value
+
+    @field_validator("ablate", mode="before")
+    @classmethod
+    def _ablations(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, (list, tuple)):
+            return tuple(sorted(set(value), key=lambda v: ABLATIONS.index(v) if v in ABLATIONS else 99))
+        return value
+
+    @classmethod
+    def every(cls, kind: str, **more: object) -> ReasonerSpec:
+        """The same reasoner for all three agents."""
+        return cls(analysis=kind, generation=kind, failure=kind, **more)  # type: ignore[arg-type]
+
+    @property
+    def uses_llm(self) -> bool:
+        return any(k != "rules" for k in (self.analysis, self.generation, self.failure))
+
+    def ablated(self, what: str) -> bool:
+        return what in self.ablate
 
 
 class JobSpec(BaseModel):
@@ -531,6 +572,11 @@ def parse_spec(data: Any, origin: Path | None = None, *, origin_name: str | None
     reasoner_raw = data.get("reasoner")
     if isinstance(reasoner_raw, str):
         reasoner_raw = {"analysis": reasoner_raw, "generation": reasoner_raw, "failure": reasoner_raw}
+    elif isinstance(reasoner_raw, dict) and isinstance(reasoner_raw.get("all"), str):
+        # {all: llm-led, ablate: [cot]}: one kind for every agent, with options beside it
+        kind = reasoner_raw["all"]
+        reasoner_raw = {"analysis": kind, "generation": kind, "failure": kind,
+                        **{k: v for k, v in reasoner_raw.items() if k != "all"}}
     reasoner = _validated(ReasonerSpec, _mapping(reasoner_raw, "reasoner"), "reasoner")
     calibration = data.get("calibration")
     if calibration is not None:

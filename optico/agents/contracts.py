@@ -28,6 +28,15 @@ class HealthState(str, Enum):
     PERFORMANCE_TUNE = "PERFORMANCE_TUNE"  # healthy: tune the bottleneck
 
 
+# What each health state asks for (the paper's directive, stated with the state).
+DIRECTIVES: dict[HealthState, str] = {
+    HealthState.SEVERELY_UNDERUTILIZED: "reduce parallelism (smaller TP x PP) or raise the micro-batch",
+    HealthState.HIGH_PP_OVERHEAD: "reduce PP, or interleave (VPP)",
+    HealthState.MEMORY_BOUND: "free memory first (recompute, more TP or PP, a smaller micro-batch)",
+    HealthState.PERFORMANCE_TUNE: "tune the bottleneck",
+}
+
+
 class Change(BaseModel):
     """One parameter moved from one value to another."""
 
@@ -94,6 +103,7 @@ class AnalysisOutput(BaseModel):
     suggestions: list[Suggestion]
     reasoning: str = Field("", description="Chain of thought, stored not shown.")
     reasoner: str = "rules"
+    directive: str = Field("", description="What the health state asks for ('' = the state's usual directive).")
 
 
 class Proposal(BaseModel):

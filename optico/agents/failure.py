@@ -12,6 +12,7 @@ import re
 
 from optico.agents.contracts import FailureInput
 from optico.guard import recompute_level
+from optico.redact import clip
 from optico.strategy import PAPER_NAMES, Strategy, display_value
 from optico.logscan import first_error
 from optico.trial import Failure, FailureCategory
@@ -73,7 +74,7 @@ class RulesFailureAnalysis:
             category = hint
             name = {FailureCategory.HANG: "no progress (hang)",
                     FailureCategory.NOT_MEASURED: "configuration not measured"}.get(hint, hint.value)
-        s, excerpt = inp.strategy, line or inp.log.strip()[-300:]
+        s, excerpt = inp.strategy, line or clip(inp.log.strip(), 300, tail=True)
         if category == FailureCategory.OOM:
             params = _oom_params(s, inp.reference)
             confidence = 92 if (inp.predicted_mem_fraction or 0) >= 0.85 or inp.reference else 75
@@ -108,3 +109,15 @@ class RulesFailureAnalysis:
         summary = f"Potential underlying issue: {_clip_words(line or 'unrecognised failure', 20)} (Confidence: 30)"
         return Failure(category=FailureCategory.UNKNOWN, summary=summary, params=[], confidence=30, retry=False,
                        log_excerpt=excerpt)
+
+
+class NoFailureAnalysis:
+    """The ablation without failure analysis: a failed run is recorded with what the launcher
+    said, undiagnosed — no parameters blamed, no RETRY."""
+
+    name = "ablated"
+
+    def diagnose(self, inp: FailureInput) -> Failure:
+        category = inp.category_hint or FailureCategory.UNKNOWN
+        return Failure(category=category, summary="Run failed; not diagnosed (ablation without failure analysis)",
+                       params=[], confidence=0, retry=False, log_excerpt=clip(inp.log.strip(), 300, tail=True))

@@ -1,14 +1,18 @@
 """LLM reasoners for three of the four agents, over any OpenAI-compatible endpoint.
 
 Each implements the same protocol as its offline rules reasoner (`optico.agents.contracts`),
-so the loop never knows which one answered. One call per agent and iteration:
+so the loop never knows which one answered. Two modes (`AskOptions.mode`): model-guided (the
+LLM ranks the performance model's candidates) and llm-led (the paper: the LLM reasons over the
+history table and writes the configurations; only the guard stands between it and a launch).
+One call per agent and iteration:
 
-    render the template (optico/agents/prompts/<agent>.md) with the compact history
-    -> ChatClient.complete (retries, backoff, structured output, breaker)
-    -> parse (JSON, else the paper's text form) and validate into the contract
+    render the template (optico/agents/prompts/<agent>.md) with the history view
+    -> ChatClient.complete (streaming, retries, backoff, structured output, breaker)
+    -> redact, parse (JSON, else the paper's text form) and validate into the contract
+       (generation: proposals the guard refuses are invalid too)
     -> on an invalid answer: one re-ask quoting the error
-    -> on a second invalid answer or an endpoint failure: raise `LLMFallback`;
-       the loop then asks the offline reasoner and records a "fallback" message.
+    -> on a second invalid answer or an endpoint failure: raise `LLMFallback`; the wrapper
+       in `optico.agents.fallback` asks the offline reasoner and records why.
 
 Every request and response is recorded through the `Recorder` (see `optico.llm.audit`),
 redacted, whether it succeeded or not. The validation agent has no reasoner: the guard and
@@ -24,6 +28,7 @@ from typing import Any, TypeVar
 
 from optico.agents.analysis import RulesAnalysis
 from optico.agents.contracts import (
+    DIRECTIVES,
     AnalysisInput,
     AnalysisOutput,
     Change,
@@ -35,22 +40,26 @@ from optico.agents.contracts import (
 )
 from optico.agents.failure import first_error
 from optico.agents.generation import apply_changes
-from optico.llm.answers import (
-    AnswerError,
-    analysis_answer,
-    analysis_schema,
-    failure_answer,
-    failure_schema,
-    generation_answer,
-    generation_schema,
-)
+from optico.llm.answers import AnswerError, FailureVerdict, analysis_answer, failure_answer, generation_answer
 from optico.llm.audit import Recorder, null_recorder
 from optico.llm.client import ChatClient, Completion, EndpointError
+from optico.llm.formats import (
+    AskOptions,
+    analysis_format,
+    analysis_schema,
+    failure_format,
+    failure_forms,
+    failure_schema,
+    generation_format,
+    generation_schema,
+)
 from optico.llm.history import HistoryView, history_view
 from optico.llm.parsing import extract_json, split_reasoning
-from optico.llm.prompts import config_json, config_line, render, search_space_block, workload_block
+from optico.llm.prompts import config_json, config_line, render, search_space_block, semantics_block, workload_block
 from optico.llm.settings import LLMSettings, load_settings
 from optico.llm.untrusted import cell, excerpt, fence
+from optico.perfmodel.bottleneck import Bottleneck
+from optico.redact import clip
 from optico.search_space import SearchSpace
 from optico.spec import JobSpec
 from optico.strategy import PAPER_NAMES, Strategy, display_value
@@ -64,7 +73,30 @@ REASK = ("Your previous answer could not be used: {error}.\n"
 
 
 class LLMFallback(RuntimeError):
-    """The model gave no usable answer; the caller falls back to the offline reasoner."""
+    """The model gave no usable answer; the caller falls back to the offline reasoner.
+
+    `cause` is one of: endpoint (no answer after the retries), breaker (the endpoint is being
+    skipped after failing calls in a row), invalid-answer (invalid twice, the re-ask included)."""
+
+    def __init__(self, message: str, cause: str):
+        super().__init__(message)
+        self.cause = cause
+
+
+# How the chain of thought is asked for, or not (the CoT ablation).
+_PROCEDURE = {
+    ("analysis", True, "text"): "Reason step by step inside <think> ... </think> before you answer, following "
+                                "this procedure:",
+    ("analysis", True, "json"): 'Reason step by step in the "think" field before the rest of the answer, '
+                                'following this procedure:',
+    ("analysis", False, None): "Follow this procedure, and write only the answer, no reasoning:",
+    ("failure", True, "text"): "Reason inside <think> ... </think>, then diagnose:",
+    ("failure", True, "json"): 'Reason in the "think" field, then diagnose:',
+    ("failure", False, None): "Diagnose, and write only the answer, no reasoning:",
+    ("generation", True, "text"): "Reason inside <think> ... </think> before the proposals.",
+    ("generation", True, "json"): 'Reason in the "think" field before the proposals.',
+    ("generation", False, None): "Write only the proposals, no reasoning.",
+}
 
 
 def _join(*parts: str) -> str:
@@ -75,40 +107,56 @@ class _LLMAgent:
     """Asking, re-asking once, and recording; the agents differ in prompt and validation."""
 
     agent = "abstract"
-    name = "openai"
 
-    def __init__(self, client: ChatClient, record: Recorder = null_recorder):
-        self.client, self.settings, self.record = client, client.settings, record
+    def __init__(self, client: ChatClient, record: Recorder = null_recorder, opts: AskOptions = AskOptions()):
+        self.client, self.settings, self.record, self.opts = client, client.settings, record, opts
 
-    def _output_format(self, json_shape: str, text_shape: str) -> str:
-        if self.client.mode == "text":
-            return text_shape
-        return json_shape
+    @property
+    def name(self) -> str:
+        """The reasoner's name as recorded: model-guided or llm-led."""
+        return self.opts.mode
+
+    @property
+    def json_mode(self) -> bool:
+        return self.client.mode != "text"
+
+    def procedure(self) -> str:
+        if not self.opts.cot:
+            return _PROCEDURE[(self.agent, False, None)]
+        return _PROCEDURE[(self.agent, True, "json" if self.json_mode else "text")]
 
     def _ask(self, iteration: int, messages: list[dict[str, str]], schema: dict[str, Any],
              parse: Callable[[dict[str, Any] | None, str], T], context: dict[str, Any]) -> tuple[T, str]:
         """(the validated answer, the model's reasoning); LLMFallback when there is none."""
+        redactor = self.client.redactor
         for kind in ("llm_call", "llm_reask"):
             last = kind == "llm_reask"
             try:
-                completion = self.client.complete(messages, schema=schema, name=f"optico_{self.agent}")
+                completion = self.client.complete(messages, schema=schema, name=f"optico_{self.agent}",
+                                                  max_tokens=self.settings.agent_max_tokens(self.agent))
             except EndpointError as exc:
                 self._store(iteration, kind, messages, None, "", "", str(exc), True, context, exc)
-                raise LLMFallback(f"{self.agent}: endpoint failed: {exc}") from None
-            thought, answer = split_reasoning(completion.text)
-            data = extract_json(answer)
+                cause = "breaker" if exc.attempts == 0 else "endpoint"
+                raise LLMFallback(f"{self.agent}: endpoint failed: {exc}", cause) from None
+            # Redacted before anything is parsed, cut or stored: an answer that echoes a key
+            # must not carry it into a diagnosis, a rationale or the pool.
+            thought, answer = split_reasoning(redactor.text(completion.text))
+            data = redactor.scrub(extract_json(answer))
             think = data.get("think") if isinstance(data, dict) and isinstance(data.get("think"), str) else ""
-            reasoning = _join(completion.reasoning, thought, think)
+            reasoning = _join(redactor.text(completion.reasoning), thought, think)
             if think:  # stored under "reasoning" (shown only on request), not twice
                 answer = json.dumps({k: v for k, v in data.items() if k != "think"})
             try:
-                result = parse(data, answer)
+                result = parse(data if isinstance(data, dict) else None, answer)
             except ValueError as exc:  # AnswerError, or a value a contract model refused
-                detail = str(exc) if isinstance(exc, AnswerError) else " ".join(str(exc).split())[:400]
+                detail = str(exc) if isinstance(exc, AnswerError) else " ".join(str(exc).split())
+                detail = redactor.text(detail)[:400]
+                if completion.finish_reason == "length":
+                    detail += f" (the answer was cut at {self.settings.agent_max_tokens(self.agent)} tokens)"
                 error = f"invalid answer: {detail}"
                 self._store(iteration, kind, messages, completion, answer, reasoning, error, last, context)
                 if last:
-                    raise LLMFallback(f"{self.agent}: {error} (after a re-ask)") from None
+                    raise LLMFallback(f"{self.agent}: {error} (after a re-ask)", "invalid-answer") from None
                 messages = [*messages, {"role": "assistant", "content": answer},
                             {"role": "user", "content": REASK.format(error=detail)}]
                 continue
@@ -121,14 +169,16 @@ class _LLMAgent:
                exc: EndpointError | None = None) -> None:
         content: dict[str, Any] = {
             "model": c.model if c else self.client.model, "endpoint": self.client.endpoint,
-            "mode": c.mode if c else self.client.mode, "messages": messages, "completion": answer,
-            "reasoning": reasoning, "prompt_tokens": c.prompt_tokens if c else None,
+            "reasoner": self.name, "mode": c.mode if c else self.client.mode, "messages": messages,
+            "completion": answer, "reasoning": reasoning, "prompt_tokens": c.prompt_tokens if c else None,
             "completion_tokens": c.completion_tokens if c else None,
-            "tokens_reported": c.tokens_reported if c else None,
+            "tokens_reported": c.tokens_reported if c else None, "usage_source": c.usage_source if c else None,
+            "streamed": c.streamed if c else None,
             "latency_s": c.latency_s if c else round(exc.latency_s, 3) if exc else None,
             "attempts": c.attempts if c else exc.attempts if exc else 0,
             "retries": c.retries if c else exc.retries if exc else [],
             "cost_usd": c.cost_usd if c else None, "finish_reason": c.finish_reason if c else None,
+            "max_tokens": self.settings.agent_max_tokens(self.agent),
             "notes": c.notes if c else [], "error": error, "fallback": fallback, **context}
         if c:
             text = (f"{c.model} ({c.mode}): {c.prompt_tokens}+{c.completion_tokens} tokens, {c.latency_s:.2f} s, "
@@ -144,9 +194,11 @@ class _LLMAgent:
 
     def _history(self, trials: list[Trial], space: SearchSpace, reference: Strategy,
                  prior: list[Trial] | None = None) -> HistoryView:
-        s = self.settings
+        s, o = self.settings, self.opts
+        budget = s.history_token_budget_led if o.led else s.history_token_budget
         return history_view(trials, space=space, reference=reference, best_k=s.history_best_k,
-                            last_n=s.history_last_n, token_budget=s.history_token_budget, prior=prior)
+                            last_n=s.history_last_n, token_budget=budget, prior=prior, full=o.led,
+                            last_only=not o.history)
 
 
 def _latest(trials: list[Trial], fields: list[str]) -> str:
@@ -169,113 +221,74 @@ def _latest(trials: list[Trial], fields: list[str]) -> str:
 
 # -- bottleneck analysis -----------------------------------------------------------------------
 
-_ANALYSIS_JSON = (
-    'Answer with one JSON object, nothing else:\n'
-    '{"think": "<your step-by-step reasoning>", "health": "<SEVERELY_UNDERUTILIZED | HIGH_PP_OVERHEAD | '
-    'MEMORY_BOUND | PERFORMANCE_TUNE>", "health_reason": "<the numbers that decide it>", '
-    '"bottleneck": "<compute | memory-capacity | communication | pipeline-bubble>", '
-    '"suggestions": [{"changes": [{"param": "<PARAM>", "from": <current value>, "to": <new value>}], '
-    '"reason": "<why, with numbers>", "expected_effect": "<effect on MFU and memory>", '
-    '"kind": "<standard | exploratory>"}]}\n'
-    'Suggestions best first; parameters by the names of the search space. The reasoning you would write '
-    'inside <think> goes in "think".')
-_ANALYSIS_TEXT = (
-    'Answer in exactly this form, nothing else:\n'
-    '<think>your step-by-step reasoning</think>\n'
-    'HEALTH: <SEVERELY_UNDERUTILIZED | HIGH_PP_OVERHEAD | MEMORY_BOUND | PERFORMANCE_TUNE>\n'
-    'HEALTH_REASON: <the numbers that decide it>\n'
-    'BOTTLENECK: <compute | memory-capacity | communication | pipeline-bubble>\n'
-    'SUGGESTIONS:\n'
-    '1. Change <PARAM> from <A> to <B>. Reason: <why, with numbers>. Expected: <effect on MFU and memory>. '
-    'Kind: <standard | exploratory>\n'
-    '2. Change <PARAM> from <A> to <B> and <PARAM> from <C> to <D>. Reason: ... Expected: ... Kind: ...')
-
-
 class LLMAnalysis(_LLMAgent):
-    """Bottleneck analysis by a model, with the rules reasoner's performance-model evidence."""
+    """Bottleneck analysis by a model. model-guided: it ranks the performance model's candidate
+    moves, shown with the model's evidence. llm-led (the paper): it reasons over the history table
+    and the parameter semantics alone, and its suggestions are not re-ranked by any code."""
 
     agent = "analysis"
 
-    def __init__(self, client: ChatClient, rules: RulesAnalysis, record: Recorder = null_recorder):
-        super().__init__(client, record)
+    def __init__(self, client: ChatClient, rules: RulesAnalysis, record: Recorder = null_recorder,
+                 opts: AskOptions = AskOptions()):
+        super().__init__(client, record, opts)
         self.rules = rules
 
-    def messages(self, inp: AnalysisInput, base: AnalysisOutput) -> tuple[list[dict[str, str]], HistoryView]:
+    def messages(self, inp: AnalysisInput, base: AnalysisOutput | None) -> tuple[list[dict[str, str]], HistoryView]:
         space, ref = inp.search_space, inp.reference
         view = self._history(inp.history, space, ref, inp.prior)
-        candidates = "\n".join(f"{i}. {s.text} {s.expected_effect} ({s.kind})"
-                               for i, s in enumerate(base.suggestions[: self.settings.model_candidates], start=1))
-        evidence = "\n".join([f"- bottleneck class (model): {base.bottleneck.value}",
-                              *(f"- {e}" for e in base.evidence[:8])])
+        history = inp.history if self.opts.history else inp.history[-1:]
         values = {
             "workload": workload_block(inp.workload, space), "search_space": search_space_block(space),
             "history": fence(view.text, "pool-history"), "current": config_json(ref, space),
-            "latest": fence(_latest(inp.history, list(space.tunables)), "pool-latest"), "evidence": evidence,
-            "candidates": candidates or "none: every candidate is tried, known to fail or predicted OOM",
-            "max_suggestions": self._limit(inp), "output_format": self._output_format(_ANALYSIS_JSON, _ANALYSIS_TEXT),
+            "latest": fence(_latest(history, list(space.tunables)), "pool-latest"),
+            "max_suggestions": self._limit(inp), "output_format": analysis_format(self.opts, self.json_mode),
+            "procedure": self.procedure(),
         }
+        if base is None:  # llm-led
+            values["semantics"] = semantics_block(space)
+            return render("analysis-led", values), view
+        values["candidates"] = "\n".join(f"{i}. {s.text} {s.expected_effect} ({s.kind})" for i, s in
+                                         enumerate(base.suggestions[: self.settings.model_candidates], start=1)) \
+            or "none: every candidate is tried, known to fail or predicted OOM"
+        values["evidence"] = "\n".join([f"- bottleneck class (model): {base.bottleneck.value}",
+                                        *(f"- {e}" for e in base.evidence[:8])])
         return render("analysis", values), view
 
     def _limit(self, inp: AnalysisInput) -> int:
         return min(self.settings.max_suggestions, inp.max_suggestions)
 
     def analyze(self, inp: AnalysisInput) -> AnalysisOutput:
-        # The model's evidence and admissible moves come from the rules reasoner; the LLM ranks.
-        base = self.rules.analyze(inp.model_copy(update={"max_suggestions": max(1, self.settings.model_candidates)}))
+        base = None
+        if not self.opts.led:
+            # model-guided: the model's evidence and admissible moves come from the rules reasoner; the LLM ranks.
+            base = self.rules.analyze(inp.model_copy(update={"max_suggestions": max(1, self.settings.model_candidates)}))
         messages, view = self.messages(inp, base)
         space, ref, model = inp.search_space, inp.reference, self.rules.model
 
         def parse(data: dict[str, Any] | None, text: str):
             return analysis_answer(data, text, space=space, reference=ref, limit=self._limit(inp))
 
-        answer, reasoning = self._ask(inp.iteration, messages, analysis_schema(self._limit(inp)), parse,
-                                      {"history": view.stats()})
-        suggestions = []
-        for s in answer.suggestions:
-            target = apply_changes(ref, {c.param: c.new for c in s.changes}, space)
-            suggestions.append(s.model_copy(update={"predicted_mfu": model.mfu(target),
-                                                    "predicted_mem_gib": model.mem_gib(target)}))
-        return AnalysisOutput(health=answer.health, health_reason=answer.health_reason,
-                              bottleneck=answer.bottleneck or base.bottleneck, evidence=base.evidence,
-                              suggestions=suggestions, reasoning=reasoning, reasoner=self.name)
+        answer, reasoning = self._ask(inp.iteration, messages, analysis_schema(space, self._limit(inp), self.opts),
+                                      parse, {"history": view.stats()})
+        suggestions = answer.suggestions
+        if base is not None:  # model-guided: annotate with the model's predictions
+            suggestions = []
+            for s in answer.suggestions:
+                target = apply_changes(ref, {c.param: c.new for c in s.changes}, space)
+                suggestions.append(s.model_copy(update={"predicted_mfu": model.mfu(target),
+                                                        "predicted_mem_gib": model.mem_gib(target)}))
+        bottleneck = answer.bottleneck or (base.bottleneck if base else Bottleneck.COMPUTE)
+        return AnalysisOutput(health=answer.health, health_reason=answer.health_reason, bottleneck=bottleneck,
+                              evidence=base.evidence if base else [], suggestions=suggestions,
+                              reasoning=reasoning, reasoner=self.name,
+                              directive=answer.directive or DIRECTIVES[answer.health])
 
 
 # -- strategy generation -----------------------------------------------------------------------
 
-_GENERATION_TEXT = (
-    'Answer in exactly this form, nothing else:\n'
-    '<think>your reasoning</think>\n'
-    'PROPOSAL 1\n'
-    '<PARAM>: <value>   (one line for every tunable parameter of the search space)\n'
-    'JUSTIFICATION: <what changed and why>\n'
-    'EXPECTED_IMPACT: <effect on MFU and memory>\n'
-    '(Confidence: <0-100>)\n'
-    'PROPOSAL 2\n'
-    '...')
-
-
-def _generation_json(space: SearchSpace, reference: Strategy) -> str:
-    example = ", ".join(f'"{f}": {_json_value(getattr(reference, f))}' for f in space.tunables)
-    return ('Answer with one JSON object, nothing else:\n'
-            '{"think": "<your reasoning>", "proposals": [{"config": {' + example + '}, '
-            '"justification": "<what changed and why>", "expected_impact": "<effect on MFU and memory>", '
-            '"confidence": <0-100>}]}\n'
-            'Each config lists every tunable parameter (the example shows the current values); best proposal '
-            'first. The reasoning you would write inside <think> goes in "think".')
-
-
-def _json_value(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return f'"{v}"'
-    return str(v)
-
-
 def _analysis_text(a: AnalysisOutput) -> str:
-    lines = [f"Health: {a.health.value} — {cell(a.health_reason, 40)}", f"Bottleneck: {a.bottleneck.value}"]
+    lines = [f"Health: {a.health.value} — {cell(a.health_reason, 40)}",
+             f"Directive: {cell(a.directive or DIRECTIVES[a.health], 20)}", f"Bottleneck: {a.bottleneck.value}"]
     lines += [f"Evidence: {cell(e, 30)}" for e in a.evidence[:4]]
     lines.append("Ranked suggestions:")
     lines += [f"{i}. {s.text} Reason: {cell(s.reason, 40)} Expected: {cell(s.expected_effect, 25)} ({s.kind})"
@@ -283,19 +296,34 @@ def _analysis_text(a: AnalysisOutput) -> str:
     return "\n".join(lines)
 
 
+Vet = Callable[[Strategy, list[Trial]], "str | None"]
+"""vet(strategy, history): why the guard refuses `strategy`, or None when it would run it."""
+
+
 class LLMGeneration(_LLMAgent):
-    """Complete configurations from the analysis, by a model; up to k ranked proposals."""
+    """Complete configurations from the analysis, by a model; up to k ranked proposals. A proposal
+    the guard refuses is an invalid answer: the re-ask quotes the guard's reason, so the model,
+    not the rules, gets the second try."""
 
     agent = "generation"
+
+    def __init__(self, client: ChatClient, record: Recorder = null_recorder, opts: AskOptions = AskOptions(),
+                 vet: Vet | None = None):
+        super().__init__(client, record, opts)
+        self.vet = vet
 
     def messages(self, inp: GenerationInput) -> tuple[list[dict[str, str]], HistoryView]:
         space, ref = inp.search_space, inp.reference
         view = self._history(inp.history, space, ref)
         values = {
             "workload": workload_block(inp.workload, space), "search_space": search_space_block(space),
-            "history": fence(view.text, "pool-history"), "current": config_json(ref, space),
-            "analysis": fence(_analysis_text(inp.analysis), "analysis"), "max_proposals": self._limit(inp),
-            "output_format": self._output_format(_generation_json(space, ref), _GENERATION_TEXT),
+            "semantics": semantics_block(space), "history": fence(view.text, "pool-history"),
+            "current": config_json(ref, space), "analysis": fence(_analysis_text(inp.analysis), "analysis"),
+            "max_proposals": self._limit(inp), "procedure": self.procedure(),
+            "confidence_ask": (", the expected impact on MFU and memory, and your confidence (0-100) that it runs "
+                               "and improves MFU") if self.opts.confidence else
+                              " and the expected impact on MFU and memory",
+            "output_format": generation_format(self.opts, self.json_mode, space, ref),
         }
         return render("generation", values), view
 
@@ -307,38 +335,40 @@ class LLMGeneration(_LLMAgent):
         space, ref = inp.search_space, inp.reference
 
         def parse(data: dict[str, Any] | None, text: str):
-            return generation_answer(data, text, space=space, reference=ref, limit=self._limit(inp))
+            answers = generation_answer(data, text, space=space, reference=ref, limit=self._limit(inp))
+            if self.vet is None:
+                return answers
+            kept, refused = [], []
+            for a in answers:
+                why = self.vet(a.strategy, inp.history)
+                (refused.append(f"{a.strategy.short()}: {why}") if why else kept.append(a))
+            if not kept:
+                raise AnswerError("the validator refused every proposal: " + "; ".join(refused[:4]))
+            return kept
 
-        answers, _ = self._ask(inp.iteration, messages, generation_schema(space, self._limit(inp)), parse,
+        answers, _ = self._ask(inp.iteration, messages, generation_schema(space, self._limit(inp), self.opts), parse,
                                {"history": view.stats()})
         proposals = []
         for a in answers:
             changes = [Change(param=f, old=old, new=new) for f, (old, new) in ref.diff(a.strategy).items()]
             moved = changes_text(changes) if changes else "No change."
             proposals.append(Proposal(strategy=a.strategy, rationale=f"{moved} {cell(a.justification, 40)}".strip(),
-                                      expected_impact=a.expected_impact, confidence=a.confidence))
+                                      expected_impact=a.expected_impact,
+                                      confidence=a.confidence if self.opts.confidence else 50))
         return GenerationOutput(proposals=proposals, reasoner=self.name)
 
 
 # -- failure analysis --------------------------------------------------------------------------
 
-_FAILURE_JSON = (
-    'Answer with one JSON object, nothing else:\n'
-    '{"think": "<your reasoning>", "summary": "<the one line, in the form above>", '
-    '"category": "<oom | invalid_config | comm_timeout | hang | infrastructure | not_measured | unknown>", '
-    '"params": ["<PARAM>", ...], "confidence": <0-100>, '
-    '"retry": <true only for "No parameter issue. RETRY">}\n'
-    'The reasoning you would write inside <think> goes in "think".')
-_FAILURE_TEXT = "Answer with <think>your reasoning</think> followed by the one line, nothing else."
-
-
 class LLMFailureAnalysis(_LLMAgent):
-    """Failure diagnosis by a model, in the paper's fixed form."""
+    """Failure diagnosis by a model, in the paper's fixed forms. Whether a RETRY is granted is
+    decided by `optico.llm.answers.earned_retry`, never by the model alone."""
 
     agent = "failure"
 
-    def __init__(self, client: ChatClient, space: SearchSpace, record: Recorder = null_recorder):
-        super().__init__(client, record)
+    def __init__(self, client: ChatClient, space: SearchSpace, record: Recorder = null_recorder,
+                 opts: AskOptions = AskOptions()):
+        super().__init__(client, record, opts)
         self.space = space
 
     def _detected(self, inp: FailureInput) -> tuple[FailureCategory | None, str]:
@@ -368,19 +398,26 @@ class LLMFailureAnalysis(_LLMAgent):
             "workload": workload_block(inp.workload, self.space),
             "failed": config_line(inp.strategy, fields), "changes": changes, "facts": "\n".join(facts),
             "log": fence(excerpt(inp.log, self.settings.log_max_chars) or "(empty log)", "log"),
-            "output_format": self._output_format(_FAILURE_JSON, _FAILURE_TEXT),
+            "output_format": failure_format(self.opts, self.json_mode), "procedure": self.procedure(),
+            "forms": failure_forms(self.opts),
+            "confidence_step": "State your confidence, 0-100." if self.opts.confidence else
+                               "Say what the log shows, nothing more.",
         }
         return render("failure", values)
 
     def diagnose(self, inp: FailureInput) -> Failure:
         detected, line = self._detected(inp)
-        log_excerpt = line or inp.log.strip()[-300:]
+        log_excerpt = line or clip(inp.log.strip(), 300, tail=True)
 
-        def parse(data: dict[str, Any] | None, text: str) -> Failure:
-            return failure_answer(data, text, space=self.space, detected=detected, excerpt=log_excerpt)
+        def parse(data: dict[str, Any] | None, text: str) -> FailureVerdict:
+            return failure_answer(data, text, space=self.space, detected=detected, excerpt=log_excerpt, log=inp.log,
+                                  attempts=inp.attempts, confidence_asked=self.opts.confidence)
 
-        failure, _ = self._ask(inp.iteration, self.messages(inp), failure_schema(), parse, {})
-        return failure
+        verdict, _ = self._ask(inp.iteration, self.messages(inp), failure_schema(self.space, self.opts), parse, {})
+        if verdict.retry_refused:
+            self.record(self.agent, inp.iteration, "retry_refused", {"reason": verdict.retry_refused},
+                        f"RETRY not granted: {verdict.retry_refused}")
+        return verdict.failure
 
 
 # -- wiring ------------------------------------------------------------------------------------
@@ -393,12 +430,21 @@ class LLMReasoners:
     failure: LLMFailureAnalysis
 
 
+def options(spec: JobSpec, agent: str) -> AskOptions:
+    """The agent's mode and the spec's ablations as the reasoner asks them."""
+    r = spec.reasoner
+    mode = getattr(r, agent)
+    return AskOptions(mode=mode if mode != "rules" else "model-guided", cot=not r.ablated("cot"),
+                      confidence=not r.ablated("confidence"), history=not r.ablated("history"))
+
+
 def build_llm_reasoners(spec: JobSpec, rules_analysis: RulesAnalysis, record: Recorder = null_recorder,
-                        settings: LLMSettings | None = None) -> LLMReasoners:
+                        settings: LLMSettings | None = None, vet: Vet | None = None) -> LLMReasoners:
     """The three LLM reasoners of a job, sharing one client (and so one breaker and one
     structured-output negotiation). Settings come from the environment unless given;
     ValueError names the variable that is missing or wrong."""
     client = ChatClient(settings or load_settings())
-    return LLMReasoners(client=client, analysis=LLMAnalysis(client, rules_analysis, record),
-                        generation=LLMGeneration(client, record),
-                        failure=LLMFailureAnalysis(client, spec.search_space, record))
+    return LLMReasoners(client=client,
+                        analysis=LLMAnalysis(client, rules_analysis, record, options(spec, "analysis")),
+                        generation=LLMGeneration(client, record, options(spec, "generation"), vet),
+                        failure=LLMFailureAnalysis(client, spec.search_space, record, options(spec, "failure")))

@@ -35,7 +35,9 @@ def bench(
     jobs: int = typer.Option(2, "--jobs", help="Worker processes (landscapes run in parallel)."),
     only: Optional[list[str]] = typer.Option(None, "--only", help="Keep landscapes whose name contains this "
                                                                   "(repeatable)."),
-    reasoner: str = typer.Option("rules", "--reasoner", help="OptiCo's reasoners: rules or openai."),
+    reasoner: str = typer.Option("rules", "--reasoner", help="OptiCo's reasoners: rules, model-guided or llm-led."),
+    ablate: Optional[str] = typer.Option(None, "--ablate", metavar="LIST", help="The paper's ablations for "
+                                         "OptiCo, comma-separated: history, failure-analysis, cot, confidence."),
     fidelity: bool = typer.Option(True, "--fidelity/--no-fidelity", help="Report how far the tuner's model is "
                                                                          "from each landscape."),
     all_clusters: bool = typer.Option(False, "--all-clusters", help="With --suite sim: every preset on 8, 16 and "
@@ -67,8 +69,9 @@ def bench(
         csvs = [str(p) for p in [*(landscape or []), *(more_landscapes or [])]]
         defs = select_landscapes(suite, csvs, only or [], all_clusters=all_clusters,  # type: ignore[arg-type]
                                  dev=dev, sweep=sizes, quick=quick)
-        spec = ReasonerSpec(analysis=reasoner, generation=reasoner, failure=reasoner)  # type: ignore[arg-type]
-    except ValueError as exc:
+        spec = ReasonerSpec.every(reasoner, ablate=ablate or ())
+    except ValueError as exc:  # pydantic's ValidationError is one
+        exc = ValueError(f"--reasoner/--ablate: {exc.errors()[0]['msg']}") if hasattr(exc, "errors") else exc
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2)
     if not defs:

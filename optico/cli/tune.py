@@ -14,7 +14,18 @@ from rich.text import Text
 
 from optico.cli.common import DatabaseOption, check_id, check_output_path, console, err, fail, open_store, shown_url
 from optico.cli.views import summary, trial_block
-from optico.spec import MAX_SEED, MAX_TRIALS, Budget, JobSpec, ReasonerSpec, SpecError, check_launcher, load_spec
+from optico.spec import (
+    ABLATIONS,
+    MAX_SEED,
+    MAX_TRIALS,
+    REASONER_KINDS,
+    Budget,
+    JobSpec,
+    ReasonerSpec,
+    SpecError,
+    check_launcher,
+    load_spec,
+)
 from optico.textsafe import markup, rich_text, terminal_text
 
 LAUNCHERS = ("sim", "replay", "local", "ray")
@@ -38,26 +49,41 @@ def _apply_overrides(spec: JobSpec, launcher: str | None, max_trials: int | None
     return spec.model_copy(update=updates) if updates else spec
 
 
-def _apply_reasoner(spec: JobSpec, reasoner: str | None) -> JobSpec:
-    """`--reasoner` sets all three agents' reasoners; an LLM endpoint must be configured."""
+def _apply_reasoner(spec: JobSpec, reasoner: str | None, ablate: str | None = None,
+                    require_llm: bool = False) -> JobSpec:
+    """`--reasoner` sets all three agents' reasoners, `--ablate` the paper's ablations, `--require-llm`
+    makes a fallback to the rules an error; an LLM endpoint must be configured."""
+    r = spec.reasoner
+    updates: dict[str, Any] = {}
     if reasoner is not None:
-        if reasoner not in ("rules", "openai"):
-            raise SpecError("--reasoner", f"unknown reasoner {reasoner[:40]!r} (rules, openai)")
-        spec = spec.model_copy(update={"reasoner": ReasonerSpec(analysis=reasoner, generation=reasoner,
-                                                                failure=reasoner)})
+        if reasoner not in (*REASONER_KINDS, "openai"):
+            raise SpecError("--reasoner", f"unknown reasoner {reasoner[:40]!r} ({', '.join(REASONER_KINDS)})")
+        updates.update(ReasonerSpec.every(reasoner).model_dump(include={"analysis", "generation", "failure"}))
+    if ablate is not None:
+        wanted = [a.strip() for a in ablate.split(",") if a.strip()]
+        unknown = [a for a in wanted if a not in ABLATIONS]
+        if unknown:
+            raise SpecError("--ablate", f"unknown ablation {unknown[0]!r} ({', '.join(ABLATIONS)})")
+        updates["ablate"] = wanted
+    if require_llm:
+        updates["require_llm"] = True
+    if updates:
+        spec = spec.model_copy(update={"reasoner": ReasonerSpec.model_validate({**r.model_dump(), **updates})})
+    if spec.reasoner.require_llm and not spec.reasoner.uses_llm:
+        raise SpecError("--require-llm", "no agent uses an LLM reasoner (set --reasoner llm-led or model-guided)")
     return spec
 
 
 def _check_llm(spec: JobSpec) -> None:
     """Fails fast, naming the OPTICO_LLM_* variable, when an LLM reasoner cannot be built."""
     r = spec.reasoner
-    if "openai" in (r.analysis, r.generation, r.failure):
+    if r.uses_llm:
         from optico.llm.settings import load_settings
 
         try:
             load_settings()
         except ValueError as exc:
-            fail(f"reasoner openai: {exc}")
+            fail(f"reasoner {r.analysis if r.analysis != 'rules' else r.generation}: {exc}")
 
 
 def _check_environment(spec: JobSpec) -> None:
@@ -97,11 +123,10 @@ class TrialView:
                 log_path=payload.get("log_path")))
             best = payload.get("best_mfu")
             self.progress.update(self.task, advance=1, description=f"best {best:.1%}" if best else "")
-        elif kind == "fallback":  # an LLM reasoner failed and the offline rules answered instead
-            agent = payload.get("agent", "an agent")
-            console.print(Text.assemble(("fallback: ", "yellow"), rich_text(
-                f"{agent}'s LLM reasoner failed ({payload.get('error', 'no detail')}); the rules answered",
-                one_line=True, max_chars=300)))
+        elif kind == "fallback":  # an LLM reasoner's answer was not used: say so as it happens
+            console.print(Text.assemble(("fallback ", "yellow"), rich_text(
+                f"iteration {payload.get('iteration')} {payload.get('agent')}: {payload.get('reason', '')}",
+                one_line=True, max_chars=400)))
         elif kind == "job_done":
             self.progress.update(self.task, description=markup(f"done: {payload.get('stop_reason') or ''}",
                                                                one_line=True, max_chars=60))
@@ -134,9 +159,14 @@ def tune(
     max_trials: Optional[int] = typer.Option(None, "--max-trials", min=1, max=MAX_TRIALS, metavar="N",
                                              help="Override the trial budget."),
     seed: Optional[int] = typer.Option(None, "--seed", min=0, max=MAX_SEED, metavar="S", help="Override the job seed."),
-    reasoner: Optional[str] = typer.Option(None, "--reasoner", metavar="rules|openai",
-                                           help="Override the spec's reasoners for all three agents "
-                                                "(openai: endpoint from OPTICO_LLM_*)."),
+    reasoner: Optional[str] = typer.Option(None, "--reasoner", metavar="rules|model-guided|llm-led",
+                                           help="Override the spec's reasoners for all three agents (openai = "
+                                                "model-guided; the endpoint from OPTICO_LLM_*)."),
+    ablate: Optional[str] = typer.Option(None, "--ablate", metavar="LIST",
+                                         help="The paper's ablations, comma-separated: history, "
+                                              "failure-analysis, cot, confidence."),
+    require_llm: bool = typer.Option(False, "--require-llm", help="Fail the job when an LLM reasoner falls "
+                                                                  "back to the rules."),
     json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH", help="Write the result as JSON here."),
     resume: Optional[int] = typer.Option(None, "--resume", metavar="JOB_ID",
                                          help="Resume an interrupted job."),
@@ -152,7 +182,7 @@ def tune(
     if resume is None:
         try:
             spec = _apply_reasoner(_apply_overrides(load_spec(spec_path), launcher, max_trials, seed,
-                                                    spec_path.parent), reasoner)
+                                                    spec_path.parent), reasoner, ablate, require_llm)
         except SpecError as exc:
             fail(exc)
         _check_llm(spec)

@@ -24,6 +24,7 @@ from optico.llm.parsing import (
     parse_confidence,
     parse_kv,
 )
+from optico.llm.untrusted import clean, first_error_index, looks_like_instruction, withhold_instructions
 from optico.perfmodel.bottleneck import Bottleneck
 from optico.search_space import SearchSpace
 from optico.strategy import PAPER_NAMES, Strategy, canonical_field, display_value
@@ -40,57 +41,6 @@ class AnswerError(ValueError):
 
 def paper(field: str) -> str:
     return PAPER_NAMES.get(field, field)
-
-
-# -- JSON schemas (sent as response_format where the endpoint supports it) ---------------------
-
-_SCALAR = {"anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "boolean"}, {"type": "null"}]}
-
-
-def _domain_schema(space: SearchSpace, field: str) -> dict[str, Any]:
-    return {"enum": [v for v in space.tunables[field]]}
-
-
-def analysis_schema(max_suggestions: int) -> dict[str, Any]:
-    change = {"type": "object", "additionalProperties": False, "required": ["param", "from", "to"],
-              "properties": {"param": {"type": "string"}, "from": _SCALAR, "to": _SCALAR}}
-    suggestion = {"type": "object", "additionalProperties": False,
-                  "required": ["changes", "reason", "expected_effect", "kind"],
-                  "properties": {"changes": {"type": "array", "items": change, "minItems": 1},
-                                 "reason": {"type": "string"}, "expected_effect": {"type": "string"},
-                                 "kind": {"enum": ["standard", "exploratory"]}}}
-    return {"type": "object", "additionalProperties": False,
-            "required": ["think", "health", "health_reason", "bottleneck", "suggestions"],
-            "properties": {"think": {"type": "string"},
-                           "health": {"enum": [h.value for h in HealthState]},
-                           "health_reason": {"type": "string"},
-                           "bottleneck": {"enum": [b.value for b in Bottleneck]},
-                           "suggestions": {"type": "array", "items": suggestion, "minItems": 1,
-                                           "maxItems": max_suggestions}}}
-
-
-def generation_schema(space: SearchSpace, max_proposals: int) -> dict[str, Any]:
-    config = {"type": "object", "additionalProperties": False, "required": list(space.tunables),
-              "properties": {f: _domain_schema(space, f) for f in space.tunables}}
-    proposal = {"type": "object", "additionalProperties": False,
-                "required": ["config", "justification", "expected_impact", "confidence"],
-                "properties": {"config": config, "justification": {"type": "string"},
-                               "expected_impact": {"type": "string"},
-                               "confidence": {"type": "integer", "minimum": 0, "maximum": 100}}}
-    return {"type": "object", "additionalProperties": False, "required": ["think", "proposals"],
-            "properties": {"think": {"type": "string"},
-                           "proposals": {"type": "array", "items": proposal, "minItems": 1,
-                                         "maxItems": max_proposals}}}
-
-
-def failure_schema() -> dict[str, Any]:
-    return {"type": "object", "additionalProperties": False,
-            "required": ["think", "summary", "category", "params", "confidence", "retry"],
-            "properties": {"think": {"type": "string"}, "summary": {"type": "string"},
-                           "category": {"enum": [c.value for c in FailureCategory]},
-                           "params": {"type": "array", "items": {"type": "string"}},
-                           "confidence": {"type": "integer", "minimum": 0, "maximum": 100},
-                           "retry": {"type": "boolean"}}}
 
 
 # -- values ------------------------------------------------------------------------------------
@@ -134,6 +84,7 @@ class AnalysisAnswer:
     health_reason: str
     bottleneck: Bottleneck | None
     suggestions: list[Suggestion]
+    directive: str = ""
 
 
 def _enum(cls: type, raw: Any) -> Any | None:
@@ -154,6 +105,7 @@ def analysis_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpac
     raw_items: list[dict[str, Any]] = []
     if data is not None:
         health_raw, reason, bottleneck_raw = data.get("health"), data.get("health_reason", ""), data.get("bottleneck")
+        directive = data.get("directive", "")
         for item in data.get("suggestions") or []:
             if not isinstance(item, dict):
                 errors.append(f"suggestion {item!r} is not an object")
@@ -167,6 +119,7 @@ def analysis_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpac
     else:
         kv = parse_kv(text)
         health_raw, reason, bottleneck_raw = kv.get("health"), kv.get("health_reason", ""), kv.get("bottleneck")
+        directive = kv.get("directive", "")
         for item in change_items(text):
             raw_items.append({"changes": [{"param": n, "from": a, "to": b} for n, a, b in item.changes],
                               "reason": item.fields.get("reason") or item.fields.get("why", ""),
@@ -212,7 +165,7 @@ def analysis_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpac
             reason=str(item["reason"])[:400], expected_effect=str(item["expected_effect"])[:200], kind=kind))
     _fail(errors)
     return AnalysisAnswer(health=health, health_reason=str(reason)[:300], bottleneck=bottleneck,
-                          suggestions=suggestions)
+                          suggestions=suggestions, directive=str(directive)[:160])
 
 
 # -- generation --------------------------------------------------------------------------------
@@ -310,38 +263,93 @@ def clip_words(text: str, limit: int = SUMMARY_WORDS) -> str:
     return text if len(words) <= limit else " ".join(words[:limit]) + " ..."
 
 
-def failure_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpace,
-                   detected: FailureCategory | None, excerpt: str) -> Failure:
-    """The diagnosis from {"summary", "category", "params", "confidence", "retry"} or the paper's
-    one line "<PARAMS> <VALUES> caused <ERROR> (Confidence: X)" / "<ERROR>. No parameter issue.
-    RETRY (Confidence: X)". `detected` is the category the log shows for certain (the rules'
-    reading of its first error, or the launcher's), used when the answer names none and to
-    refuse a RETRY of a parameter-related error."""
+# Failure categories the rules class as infrastructure: a RETRY of them is earned by the log itself.
+INFRASTRUCTURE = (FailureCategory.INFRASTRUCTURE, FailureCategory.HANG, FailureCategory.COMM_TIMEOUT)
+RETRY_CONFIDENCE = 85  # otherwise a RETRY needs at least this confidence and its evidence quoted from the log
+
+
+@dataclass(frozen=True)
+class FailureVerdict:
+    """A validated diagnosis, and why a RETRY the model asked for was not granted (if it was not)."""
+
+    failure: Failure
+    retry_refused: str | None = None
+
+
+def _evidence_refused(evidence: str, log: str) -> str | None:
+    """Why `evidence` does not prove an infrastructure fault (None: it does)."""
+    quote = " ".join(evidence.split())
+    if len(quote) < 12:
+        return "no evidence quoted from the log"
+    shown, _ = withhold_instructions(clean(log))  # what the model was shown
+    if quote not in " ".join(shown.split()):
+        return "the evidence is not quoted verbatim from the log"
+    if looks_like_instruction(quote) or re.search(r"\bRETRY\b", quote):
+        return "the evidence is a line addressed to a model"
+    if first_error_index([quote]) is None:
+        return "the evidence is not an error line"
+    return None
+
+
+def earned_retry(*, detected: FailureCategory | None, confidence: int | None, evidence: str, log: str,
+                 attempts: int) -> str | None:
+    """None when a RETRY is earned, else why not: a configuration runs at most twice; the rules'
+    reading of the log must class the failure as infrastructure, or the model must be confident
+    (>= RETRY_CONFIDENCE) and quote the proving error line verbatim from the log. Nothing the model
+    was told by the log can earn it: such lines are withheld from the prompt and refused as evidence."""
+    if attempts >= 2:
+        return f"this configuration has run {attempts} times: a configuration is retried at most once"
+    if detected in INFRASTRUCTURE:
+        return None
+    if detected == FailureCategory.NOT_MEASURED:
+        return "the replay table has no measurement of this configuration: running it again changes nothing"
+    if confidence is None:
+        return "no confidence given, and the rules do not class this failure as infrastructure"
+    if confidence < RETRY_CONFIDENCE:
+        return (f"confidence {confidence} < {RETRY_CONFIDENCE}, and the rules do not class this failure as "
+                f"infrastructure")
+    return _evidence_refused(evidence, log)
+
+
+def failure_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpace, detected: FailureCategory | None,
+                   excerpt: str, log: str = "", attempts: int = 1, confidence_asked: bool = True) -> FailureVerdict:
+    """The diagnosis from {"summary", "category", "params", "evidence", "confidence", "retry"} or the
+    paper's one line "<PARAMS> <VALUES> caused <ERROR> (Confidence: X)" / "<ERROR>. No parameter issue.
+    RETRY (Confidence: X)" (+ "EVIDENCE: <log line>"). `detected` is the category the log shows for
+    certain (the rules' reading of its first error, or the launcher's): it wins over the model's, and a
+    RETRY of a parameter-related error is refused (re-asked). Whether a RETRY is granted is
+    `earned_retry`'s decision, not the model's."""
     errors: list[str] = []
     if data is not None:
         summary = str(data.get("summary") or "").strip()
-        category = _enum(FailureCategory, data.get("category")) or detected or FailureCategory.UNKNOWN
+        claimed = _enum(FailureCategory, data.get("category"))
         names = data.get("params") or []
         if isinstance(names, str):
             names = [names]
-        confidence = _confidence(data.get("confidence", parse_confidence(summary)), errors, "diagnosis", default=-1)
+        raw_conf = data.get("confidence", parse_confidence(summary))
+        evidence = str(data.get("evidence") or "")
         retry = bool(data.get("retry")) or _says_retry(summary)
     else:
         lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        kv = parse_kv(text)
         summary = next((ln for ln in lines if re.search(r"\bcaused\b|RETRY|underlying issue", ln, re.I)),
                        lines[0] if lines else "")
         summary = re.sub(r"^(?:\**\s*(?:diagnosis|answer|summary)\s*:\**\s*)", "", summary, flags=re.I)
-        category = _enum(FailureCategory, parse_kv(text).get("category")) or detected or FailureCategory.UNKNOWN
+        claimed = _enum(FailureCategory, kv.get("category"))
         head = re.split(r"\bcaused\b", summary, maxsplit=1, flags=re.I)
         names = [m.group(1) for part in re.split(r",|\band\b", head[0]) if len(head) > 1
                  for m in [re.match(r"\s*([A-Za-z_][\w\-]*)", part)] if m]
-        confidence = parse_confidence(summary if parse_confidence(summary) is not None else text)
-        confidence = -1 if confidence is None else confidence
+        raw_conf = parse_confidence(summary if parse_confidence(summary) is not None else text)
+        evidence = kv.get("evidence", "")
         retry = _says_retry(summary)
+    category = detected or claimed or FailureCategory.UNKNOWN
+    confidence: int | None = None
+    if confidence_asked:
+        confidence = _confidence(raw_conf, errors, "diagnosis", default=-1)
+        if confidence < 0:
+            errors.append('no confidence in 0..100; end the line with "(Confidence: N)"')
     if not summary:
         errors.append("empty diagnosis; answer with one line in the required form")
-    if confidence < 0 or confidence > 100:
-        errors.append('no confidence in 0..100; end the line with "(Confidence: N)"')
     params: list[str] = []
     for name in names:
         field = _field(name, space, errors, "diagnosis")
@@ -350,14 +358,20 @@ def failure_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpace
     if retry and detected in _PARAM_ERRORS:
         errors.append(f"the log shows a {detected.value} error, which the configuration causes: it is not "
                       f"'No parameter issue. RETRY'; name the parameters responsible")
-    if retry:
-        params = []
     _fail(errors)
     # The paper's form ends with the confidence; the word limit applies to what precedes it.
     body = re.sub(r"\s*\(?\s*Confidence\s*[:=]?\s*\d{1,3}\s*%?\s*\)?\s*$", "", summary, flags=re.I)
-    summary = f"{clip_words(body, SUMMARY_WORDS - 3)} (Confidence: {confidence})"  # 27 + "..." + 2
-    return Failure(category=category, summary=summary, params=params[:3], confidence=confidence,
-                   retry=retry and category not in _PARAM_ERRORS, log_excerpt=excerpt)
+    refused = earned_retry(detected=detected, confidence=confidence, evidence=evidence, log=log,
+                           attempts=attempts) if retry else None
+    if retry and refused:
+        body = re.sub(r"\.?\s*No parameter issue\.?\s*RETRY\.?", "", body, flags=re.I).strip(" .")
+        body = f"Potential underlying issue: {body or category.value}"
+    granted = retry and refused is None
+    tail = f" (Confidence: {confidence})" if confidence is not None else ""
+    summary = f"{clip_words(body, SUMMARY_WORDS - 3)}{tail}"  # 27 + "..." + 2
+    failure = Failure(category=category, summary=summary, params=[] if retry else params[:3],
+                      confidence=confidence if confidence is not None else 0, retry=granted, log_excerpt=excerpt)
+    return FailureVerdict(failure=failure, retry_refused=refused)
 
 
 def _says_retry(summary: str) -> bool:

@@ -38,7 +38,8 @@ def endpoint_report(client: Any) -> dict[str, Any]:
     return {
         "endpoint": client.endpoint, "model": client.model, "model_reported": c.model, "latency_s": c.latency_s,
         "attempts": c.attempts, "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
-        "tokens_reported": c.tokens_reported, "cost_usd": c.cost_usd, "structured_output": c.mode,
+        "tokens_reported": c.tokens_reported, "usage_source": c.usage_source, "streamed": c.streamed,
+        "cost_usd": c.cost_usd, "structured_output": c.mode,
         "json_schema": None if forced and c.mode != "json_schema" else c.mode == "json_schema",
         "answer_ok": answer == {"ok": True}, "model_listed": listed, "notes": c.notes,
     }
@@ -73,6 +74,8 @@ def check(as_json: bool = typer.Option(False, "--json", help="Print the report a
     tokens = f"{report['prompt_tokens']}+{report['completion_tokens']}"
     if not report["tokens_reported"]:
         tokens += " (estimated: the endpoint reported no usage)"
+    elif report["usage_source"] == "probe":
+        tokens += " (no usage in streams: prompt counted by a 1-token request)"
     listed = {True: "listed by /models", False: "NOT listed by /models", None: "/models unavailable"}
     lines = [
         f"endpoint     {report['endpoint']}",

@@ -1,22 +1,35 @@
 """One Chat Completions call with the policies around it.
 
 - Transport: the `openai` package (AzureOpenAI for provider=azure), its own retries off.
-- Retries (tenacity): 429, 408/409, 5xx, timeouts and connection errors, with exponential
-  backoff and full jitter, honouring the server's Retry-After (or retry-after-ms), up to
-  `max_attempts`; any other error fails at once. Then `EndpointError`, and the agent falls
-  back to its offline reasoner.
-- Structured output, negotiated: a JSON schema first; an endpoint that refuses
-  response_format (400/422) is asked again at once in JSON mode, then in plain text, and the
-  client remembers what worked.
+  Answers are streamed (`stream_options.include_usage`): when an attempt times out the
+  stream is closed, and llama.cpp's server (llama-cpp-python checks for a disconnected
+  client after every token) and vLLM stop generating, so an abandoned answer never
+  delays the next call. A non-streamed answer cannot be abandoned that way: the server
+  finishes it while the retry waits in its queue.
+- Usage: from the stream where the server sends it; a server that sends none in streams
+  (llama-cpp-python) is asked once more, without streaming, for one token of the same
+  prompt — it has the prompt cached, so this costs one token — and its `usage` gives the
+  prompt tokens; the completion tokens are the streamed token chunks.
+- Retries (tenacity): 429, 408/409, 5xx, timeouts, dropped connections and streams cut
+  short, with exponential backoff and full jitter, honouring the server's Retry-After (or
+  retry-after-ms), up to `max_attempts`; any other error fails at once. Then
+  `EndpointError`, and the agent falls back to its offline reasoner.
+- Structured output, negotiated once per endpoint and model (for the whole process): a
+  JSON schema first; an endpoint whose error names response_format (llama.cpp answers
+  json_schema with HTTP 500 "Input should be 'text' or 'json_object'") is asked again at
+  once, not retried, in its own schema form (`{"type": "json_object", "schema": ...}`,
+  llama.cpp's grammar-constrained JSON), then in JSON mode, then in plain text.
 - A circuit breaker: after `breaker_failures` calls in a row fail, the endpoint is skipped
   for `breaker_cooldown_s` (every call fails fast) so a dead endpoint does not cost each
   agent every timeout of every iteration.
-- Secrets: error messages are redacted before they leave this module.
+- Secrets: error messages are redacted before they are cut or leave this module.
 """
 
 from __future__ import annotations
 
 import email.utils
+import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +44,23 @@ from optico.redact import known_secrets, register
 from optico.llm.history import estimate_tokens
 from optico.llm.settings import LLMSettings
 
-_DOWNGRADE = {"json_schema": "json_object", "json_object": "text"}
+_DOWNGRADE = {"json_schema": "json_object_schema", "json_object_schema": "json_object", "json_object": "text"}
+# An error that names the response format refuses the format, whatever its status code.
+_NAMES_FORMAT = re.compile(r"response_format|json_schema|json_object|\bschema\b", re.I)
+
+
+@dataclass
+class EndpointFacts:
+    """What one endpoint (base URL and model) was found to accept."""
+
+    mode: str  # json_schema | json_object_schema | json_object | text
+    stream_usage: bool | None = None  # does it send usage in streams? None: not seen yet
+    notes: list[str] = field(default_factory=list)
+
+
+# Negotiated once per process, not per job: a benchmark runs hundreds of jobs against one server.
+_FACTS: dict[tuple[str, str], EndpointFacts] = {}
+_FACTS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -51,6 +80,8 @@ class Completion:
     cost_usd: float | None = None
     finish_reason: str | None = None
     notes: list[str] = field(default_factory=list)  # structured-output downgrades
+    usage_source: str = "response"  # response | stream | probe (prompt from a 1-token request) | estimate
+    streamed: bool = False
 
 
 class EndpointError(RuntimeError):
@@ -62,9 +93,17 @@ class EndpointError(RuntimeError):
         self.attempts, self.latency_s, self.retries = attempts, latency_s, retries or []
 
 
+def refuses_format(exc: BaseException) -> bool:
+    """An error about the response format (a downgrade, not a transient fault)."""
+    if not isinstance(exc, openai.APIStatusError) or exc.status_code in (408, 409, 429):
+        return False
+    body = getattr(exc, "body", None)
+    return bool(_NAMES_FORMAT.search(f"{getattr(exc, 'message', '')} {body!r}"))
+
+
 def is_transient(exc: BaseException) -> bool:
     """Worth another attempt: rate limits, server errors, timeouts, dropped connections."""
-    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError and cut streams
         return True
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code in (408, 409, 429) or exc.status_code >= 500
@@ -99,10 +138,22 @@ def retry_after_s(exc: BaseException | None) -> float | None:
     return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, redactor: Redactor) -> str:
+    """One line naming the error; redacted before it is cut, so a key cannot survive half-masked."""
     status = getattr(exc, "status_code", None)
-    message = getattr(exc, "message", None) or str(exc)
-    return f"{type(exc).__name__}{f' {status}' if status else ''}: {' '.join(str(message).split())[:300]}"
+    message = redactor.text(" ".join(str(getattr(exc, "message", None) or exc).split()))
+    return f"{type(exc).__name__}{f' {status}' if status else ''}: {message[:300]}"
+
+
+@dataclass
+class _Answer:
+    text: str
+    reasoning: str
+    model: str | None
+    finish_reason: str | None
+    usage: Any  # the server's usage object, or None
+    chunks: int = 0  # streamed content chunks (llama.cpp sends one per token)
+    streamed: bool = False
 
 
 class ChatClient:
@@ -112,14 +163,22 @@ class ChatClient:
                  clock: Callable[[], float] = time.monotonic):
         self.settings = settings
         self.model = settings.require_model()
-        self.redactor = Redactor([*settings.secrets(), *known_secrets()])
         register(*settings.secrets())
+        self.redactor = Redactor([*settings.secrets(), *known_secrets()])
         self._sleep, self._clock = sleep, clock
-        self._mode = "json_schema" if settings.structured_output == "auto" else settings.structured_output
+        self.facts = self._facts()
+        self._first_call = True
         self._failures_in_row = 0
         self._open_until: float | None = None
         self._last_error = ""
         self._client = self._build()
+
+    def _facts(self) -> EndpointFacts:
+        s = self.settings
+        if s.structured_output != "auto":
+            return EndpointFacts(mode=s.structured_output)
+        with _FACTS_LOCK:
+            return _FACTS.setdefault((s.endpoint_label(), self.model), EndpointFacts(mode="json_schema"))
 
     def _build(self) -> openai.OpenAI:
         s = self.settings
@@ -133,53 +192,132 @@ class ChatClient:
         if not key and not s.base_url:
             raise ValueError("OPTICO_LLM_API_KEY (or OPENAI_API_KEY) is not set: api.openai.com needs a key; "
                              "for a local server set OPTICO_LLM_BASE_URL")
-        # Local servers (vLLM, SGLang, Ollama) ignore the key, but the client needs one.
+        # Local servers (vLLM, SGLang, Ollama, llama.cpp) ignore the key, but the client needs one.
         return openai.OpenAI(base_url=s.base_url, api_key=key or "no-key", timeout=s.timeout_s, max_retries=0)
 
     @property
     def mode(self) -> str:
-        """How the next structured request will ask for JSON: json_schema, json_object or text."""
-        return self._mode
+        """How the next structured request will ask for JSON: json_schema, json_object_schema, json_object
+        or text."""
+        return self.facts.mode
 
     @property
     def endpoint(self) -> str:
         return self.settings.endpoint_label()
 
-    # -- one call ----------------------------------------------------------------------------
+    # -- one attempt ---------------------------------------------------------------------------
+    def _kwargs(self, mode: str, schema: dict[str, Any] | None, name: str, max_tokens: int) -> dict[str, Any]:
+        s = self.settings
+        kwargs: dict[str, Any] = {}
+        if mode == "json_schema":
+            kwargs["response_format"] = {"type": "json_schema",
+                                         "json_schema": {"name": name, "schema": schema, "strict": False}}
+        elif mode == "json_object_schema":  # llama.cpp's own form: a grammar built from the schema
+            kwargs["response_format"] = {"type": "json_object", "schema": schema}
+        elif mode == "json_object":
+            kwargs["response_format"] = {"type": "json_object"}
+        if s.temperature is not None:
+            kwargs["temperature"] = s.temperature
+        # OpenAI's and Azure's newer models refuse max_tokens; the local servers know max_tokens.
+        limit_key = "max_completion_tokens" if s.provider == "azure" or not s.base_url else "max_tokens"
+        kwargs[limit_key] = max_tokens
+        return kwargs
+
     def _request(self, messages: list[dict[str, str]], schema: dict[str, Any] | None, name: str,
-                 notes: list[str], max_tokens: int | None) -> tuple[str, Any]:
+                 notes: list[str], max_tokens: int, extra: dict[str, Any] | None = None) -> tuple[str, _Answer]:
         s = self.settings
         while True:
-            mode = self._mode if schema is not None else "text"
-            kwargs: dict[str, Any] = {}
-            if mode == "json_schema":
-                kwargs["response_format"] = {"type": "json_schema",
-                                             "json_schema": {"name": name, "schema": schema, "strict": False}}
-            elif mode == "json_object":
-                kwargs["response_format"] = {"type": "json_object"}
-            if s.temperature is not None:
-                kwargs["temperature"] = s.temperature
-            # OpenAI's and Azure's newer models refuse max_tokens; the local servers know max_tokens.
-            limit_key = "max_completion_tokens" if s.provider == "azure" or not s.base_url else "max_tokens"
-            kwargs[limit_key] = max_tokens or s.max_tokens
+            mode = self.facts.mode if schema is not None else "text"
+            kwargs = self._kwargs(mode, schema, name, max_tokens)
+            if extra:
+                kwargs["extra_body"] = extra
             try:
-                return mode, self._client.chat.completions.create(model=self.model, messages=messages, **kwargs)
-            except (openai.BadRequestError, openai.UnprocessableEntityError) as exc:
-                if mode == "text" or s.structured_output != "auto":
+                if s.stream:
+                    return mode, self._streamed(messages, kwargs)
+                response = self._client.chat.completions.create(model=self.model, messages=messages, **kwargs)
+                return mode, self._whole(response)
+            except openai.APIStatusError as exc:
+                if mode == "text" or s.structured_output != "auto" or not refuses_format(exc):
                     raise
-                self._mode = _DOWNGRADE[mode]
-                notes.append(f"{mode} refused ({self.redactor.text(_describe(exc))[:200]}); now {self._mode}")
+                with _FACTS_LOCK:
+                    if self.facts.mode == mode:  # another job may have downgraded it meanwhile
+                        self.facts.mode = _DOWNGRADE[mode]
+                        self.facts.notes.append(f"{mode} refused ({_describe(exc, self.redactor)[:200]}); "
+                                                f"now {self.facts.mode}")
+                notes.append(self.facts.notes[-1])
 
+    def _streamed(self, messages: list[dict[str, str]], kwargs: dict[str, Any]) -> _Answer:
+        deadline = self._clock() + self.settings.timeout_s
+        stream = self._client.chat.completions.create(model=self.model, messages=messages, stream=True,
+                                                      stream_options={"include_usage": True}, **kwargs)
+        parts: list[str] = []
+        thinking: list[str] = []
+        model = finish = usage = None
+        chunks = 0
+        try:
+            for chunk in stream:
+                model = getattr(chunk, "model", None) or model
+                usage = getattr(chunk, "usage", None) or usage
+                for choice in chunk.choices or []:
+                    delta = choice.delta
+                    if delta is not None and delta.content:
+                        parts.append(delta.content)
+                        chunks += 1
+                    extra = (delta.model_extra or {}) if delta is not None else {}
+                    thought = extra.get("reasoning_content") or extra.get("reasoning")
+                    if thought:
+                        thinking.append(str(thought))
+                    finish = choice.finish_reason or finish
+                if self._clock() > deadline:
+                    raise openai.APITimeoutError(request=stream.response.request)
+        finally:
+            stream.close()  # closing the connection is what makes the server stop generating
+        if finish is None:
+            raise openai.APIConnectionError(message="the stream ended before the answer did (server gone?)",
+                                            request=stream.response.request)
+        return _Answer(text="".join(parts), reasoning="".join(thinking), model=model, finish_reason=finish,
+                       usage=usage, chunks=chunks, streamed=True)
+
+    @staticmethod
+    def _whole(response: Any) -> _Answer:
+        choice = response.choices[0] if response.choices else None
+        message = choice.message if choice else None
+        reasoning = ""
+        if message is not None:  # vLLM and SGLang reasoning parsers return the thinking apart
+            extra = message.model_extra or {}
+            reasoning = str(extra.get("reasoning_content") or extra.get("reasoning") or "")
+        return _Answer(text=(message.content or "") if message else "", reasoning=reasoning,
+                       model=getattr(response, "model", None), finish_reason=getattr(choice, "finish_reason", None),
+                       usage=getattr(response, "usage", None))
+
+    def _probe_prompt_tokens(self, messages: list[dict[str, str]]) -> int | None:
+        """The prompt's tokens as the server counts them: one token of the same prompt, not streamed
+        (the server has the prompt cached from the answer just streamed). None if it will not say."""
+        try:
+            response = self._client.chat.completions.create(
+                model=self.model, messages=messages, **self._kwargs("text", None, "probe", 1))
+        except openai.OpenAIError:
+            return None
+        usage = getattr(response, "usage", None)
+        return usage.prompt_tokens if usage and usage.prompt_tokens is not None else None
+
+    # -- one call ----------------------------------------------------------------------------
     def complete(self, messages: list[dict[str, str]], *, schema: dict[str, Any] | None = None,
-                 name: str = "answer", max_tokens: int | None = None) -> Completion:
+                 name: str = "answer", max_tokens: int | None = None,
+                 extra: dict[str, Any] | None = None) -> Completion:
         """The model's answer to `messages`; with `schema`, asked for as structured JSON where the
-        endpoint supports it. Raises EndpointError (message redacted) when no answer came."""
+        endpoint supports it; `extra`: more request fields the server knows (e.g. logit_bias).
+        Raises EndpointError (message redacted) when no answer came."""
         s, start = self.settings, self._clock()
         if self._open_until is not None and start < self._open_until:
             raise EndpointError(f"endpoint skipped for {self._open_until - start:.0f} s more: {self._failures_in_row} "
                                 f"calls in a row failed (last: {self._last_error})", attempts=0, latency_s=0.0)
         retries: list[dict[str, Any]] = []
         notes: list[str] = []
+        if self._first_call and self.facts.notes:
+            notes.append(f"structured output {self.facts.mode}, negotiated earlier in this process: "
+                         + "; ".join(self.facts.notes))
+        self._first_call = False
         attempts = 0
         jitter = wait_random_exponential(multiplier=s.backoff_base_s, max=s.backoff_max_s)
 
@@ -191,59 +329,64 @@ class ChatClient:
             # Called only when another attempt follows (wait() is also asked after the last one).
             exc = state.outcome.exception() if state.outcome else None
             delay = state.next_action.sleep if state.next_action else 0.0
-            retries.append({"attempt": state.attempt_number, "error": self.redactor.text(_describe(exc)),
+            retries.append({"attempt": state.attempt_number, "error": _describe(exc, self.redactor),
                             "wait_s": round(delay, 3), "retry_after": retry_after_s(exc) is not None})
 
-        def attempt() -> tuple[str, Any]:
+        def attempt() -> tuple[str, _Answer]:
             nonlocal attempts
             attempts += 1
-            return self._request(messages, schema, name, notes, max_tokens)
+            return self._request(messages, schema, name, notes, max_tokens or s.max_tokens, extra)
 
         retrying = Retrying(stop=stop_after_attempt(s.max_attempts), wait=wait, retry=retry_if_exception(is_transient),
                             before_sleep=before_sleep, sleep=self._sleep, reraise=True)
         try:
-            mode, response = retrying(attempt)
+            mode, answer = retrying(attempt)
         except openai.OpenAIError as exc:
             latency = self._clock() - start
             self._trip(exc)
-            raise EndpointError(f"{self.redactor.text(_describe(exc))} (after {attempts} attempt(s), "
-                                f"{latency:.1f} s)", attempts=attempts, latency_s=latency, retries=retries) from None
+            raise EndpointError(f"{_describe(exc, self.redactor)} (after {attempts} attempt(s), {latency:.1f} s)",
+                                attempts=attempts, latency_s=latency, retries=retries) from None
         self._failures_in_row, self._open_until = 0, None
-        return self._completion(response, mode, messages, attempts, retries, notes, self._clock() - start)
+        return self._completion(answer, mode, messages, attempts, retries, notes, start)
 
     def _trip(self, exc: BaseException) -> None:
         self._failures_in_row += 1
-        self._last_error = self.redactor.text(_describe(exc))[:160]
+        self._last_error = _describe(exc, self.redactor)[:160]
         if self._failures_in_row >= self.settings.breaker_failures:
             self._open_until = self._clock() + self.settings.breaker_cooldown_s
 
-    def _completion(self, response: Any, mode: str, messages: list[dict[str, str]], attempts: int,
-                    retries: list[dict[str, Any]], notes: list[str], latency: float) -> Completion:
-        choice = response.choices[0] if response.choices else None
-        message = choice.message if choice else None
-        text = (message.content or "") if message else ""
-        # vLLM and SGLang reasoning parsers return the thinking apart from the answer.
-        reasoning = ""
-        if message is not None:
-            extra = message.model_extra or {}
-            reasoning = extra.get("reasoning_content") or extra.get("reasoning") or ""
-        usage = getattr(response, "usage", None)
-        reported = bool(usage and usage.prompt_tokens is not None)
-        prompt_tokens = usage.prompt_tokens if reported else estimate_tokens("".join(m["content"] for m in messages))
-        completion_tokens = (usage.completion_tokens or 0) if reported else estimate_tokens(text + str(reasoning))
+    def _usage(self, answer: _Answer, messages: list[dict[str, str]]) -> tuple[int, int, str]:
+        """(prompt tokens, completion tokens, where they came from)."""
+        usage = answer.usage
+        if usage is not None and usage.prompt_tokens is not None:
+            if answer.streamed:
+                self.facts.stream_usage = True
+            return usage.prompt_tokens, usage.completion_tokens or 0, "stream" if answer.streamed else "response"
+        if answer.streamed:
+            self.facts.stream_usage = False
+            prompt = self._probe_prompt_tokens(messages)
+            if prompt is not None:
+                return prompt, answer.chunks, "probe"
+        estimate = estimate_tokens("".join(m["content"] for m in messages))
+        return estimate, estimate_tokens(answer.text + answer.reasoning), "estimate"
+
+    def _completion(self, answer: _Answer, mode: str, messages: list[dict[str, str]], attempts: int,
+                    retries: list[dict[str, Any]], notes: list[str], start: float) -> Completion:
+        prompt_tokens, completion_tokens, source = self._usage(answer, messages)
         price = self.settings.price(self.model)
         cost = None if price is None else round((prompt_tokens * price[0] + completion_tokens * price[1]) / 1e6, 6)
-        return Completion(text=text, reasoning=str(reasoning), model=getattr(response, "model", None) or self.model,
+        return Completion(text=answer.text, reasoning=answer.reasoning, model=answer.model or self.model,
                           mode=mode, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                          tokens_reported=reported, latency_s=round(latency, 3), attempts=attempts, retries=retries,
-                          cost_usd=cost, finish_reason=getattr(choice, "finish_reason", None), notes=notes)
+                          tokens_reported=source != "estimate", latency_s=round(self._clock() - start, 3),
+                          attempts=attempts, retries=retries, cost_usd=cost, finish_reason=answer.finish_reason,
+                          notes=notes, usage_source=source, streamed=answer.streamed)
 
     def list_models(self) -> list[str]:
         """Model ids the endpoint serves (GET /models); EndpointError if it will not say."""
         try:
             return [m.id for m in self._client.models.list()]
         except openai.OpenAIError as exc:
-            raise EndpointError(self.redactor.text(_describe(exc)), attempts=1, latency_s=0.0) from None
+            raise EndpointError(_describe(exc, self.redactor), attempts=1, latency_s=0.0) from None
 
     def close(self) -> None:
         self._client.close()

@@ -128,10 +128,17 @@ def _render(trials: list[Trial], failed_lines: list[str], n_failure_kinds: int, 
 
 
 def history_view(trials: list[Trial], *, space: SearchSpace, reference: Strategy, best_k: int = 5,
-                 last_n: int = 6, token_budget: int = 2500, prior: list[Trial] | None = None) -> HistoryView:
-    """The compact view of `trials` (oldest first), under `token_budget` estimated tokens."""
+                 last_n: int = 6, token_budget: int = 2500, prior: list[Trial] | None = None,
+                 full: bool = False, last_only: bool = False) -> HistoryView:
+    """The compact view of `trials` (oldest first), under `token_budget` estimated tokens.
+
+    `full` (the LLM-led mode, as in the paper): every run, until the budget forces the table down
+    to the best `best_k` and the last `last_n`; every failure kind stays, whatever the budget.
+    `last_only` (the ablation without the pool's history): the most recent run alone."""
     trials = sorted(trials, key=lambda t: t.index)
     prior = prior or []
+    if last_only:
+        trials, prior = trials[-1:], []
     if not trials:
         text = "No runs yet."
         return HistoryView(text, 0, 0, 0, 0, estimate_tokens(text))
@@ -139,19 +146,30 @@ def history_view(trials: list[Trial], *, space: SearchSpace, reference: Strategy
     failure_lines = _failure_lines([t for t in trials if t.status == TrialStatus.FAILED])
     n_kinds = len(failure_lines)
     shown = failure_lines
+    floor_best, floor_last = best_k, last_n
+    if full:
+        best_k = last_n = len(trials)
     while True:
         text, rows = _render(trials, shown, n_kinds, fields, reference, best_k, last_n, prior)
         tokens = estimate_tokens(text)
         if tokens <= token_budget:
             break
-        # Recent context goes first, then breadth of successes, then the oldest failure kinds.
-        if last_n > 2:
+        # Recent context goes first, then breadth of successes, then (compact mode only) the oldest
+        # failure kinds. A full table sheds its oldest rows a few at a time down to best k + last n.
+        if last_n > floor_last:
+            last_n = max(floor_last, last_n - max(1, (last_n - floor_last) // 8))
+        elif best_k > floor_best:
+            best_k = max(floor_best, best_k - max(1, (best_k - floor_best) // 8))
+        elif last_n > 2:
             last_n -= 1
         elif best_k > 1:
             best_k -= 1
-        elif len(shown) > 1:
+        elif len(shown) > 1 and not full:
             shown = shown[1:]
         else:
             break
+    if last_only:
+        text = ("The pool's history is withheld in this run (ablation): only the most recent run is shown.\n"
+                + text)
     return HistoryView(text=text, total=len(trials), rows=rows, failure_kinds=n_kinds,
-                       failure_kinds_shown=len(shown), tokens=tokens)
+                       failure_kinds_shown=len(shown), tokens=estimate_tokens(text))

@@ -95,3 +95,36 @@ def config_json(s: Strategy, space: SearchSpace | None = None) -> str:
 def config_line(s: Strategy, fields: list[str]) -> str:
     s = s.normalized()
     return ", ".join(f"{PAPER_NAMES.get(f, f)}={display_value(f, getattr(s, f))}" for f in fields)
+
+
+# What each knob does to time and memory: the parameter semantics the paper gives its agents.
+SEMANTICS: dict[str, str] = {
+    "tensor_model_parallel_size": "splits every layer's weights and activations over TP GPUs; frees memory, "
+                                  "adds an all-reduce per layer (fast inside a node, slow across nodes)",
+    "pipeline_model_parallel_size": "splits the layers into PP stages; frees memory, adds a pipeline bubble of "
+                                    "about (PP-1)/(micro-batches) of the step",
+    "context_parallel_size": "splits the sequence over CP GPUs; for long sequences, adds attention exchange",
+    "expert_model_parallel_size": "spreads MoE experts over EP GPUs; adds all-to-all token exchange",
+    "virtual_pipeline_model_parallel_size": "interleaved stages per GPU; shrinks the bubble, adds p2p traffic",
+    "micro_batch_size": "sequences per forward pass; larger fills the GPU better and uses more activation memory",
+    "sequence_parallel": "with TP > 1, splits norms and dropout over the sequence; saves activation memory",
+    "recompute_granularity": "activation checkpointing (AC): selective recomputes attention, full recomputes "
+                             "whole layers; saves memory, costs compute",
+    "recompute_method": "with full AC: uniform or block distribution of recomputed layers",
+    "recompute_num_layers": "with full AC: how many layers are recomputed",
+    "use_distributed_optimizer": "shards optimizer state over data-parallel ranks; saves memory",
+    "overlap_grad_reduce": "overlaps the gradient reduce-scatter with the backward pass",
+    "overlap_param_gather": "overlaps the parameter all-gather with the forward pass (needs the distributed "
+                            "optimizer and OVERLAP_GRAD_REDUCE)",
+    "tp_comm_overlap": "overlaps TP communication with GEMMs (needs SEQUENCE_PARALLEL)",
+    "cross_entropy_loss_fusion": "fused cross-entropy kernel; saves logits memory and time",
+    "decoder_first_pipeline_num_layers": "layers on the first pipeline stage (uneven split)",
+    "decoder_last_pipeline_num_layers": "layers on the last pipeline stage (uneven split)",
+    "moe_token_dispatcher_type": "how MoE tokens reach experts: allgather, alltoall or flex",
+    "moe_grouped_gemm": "one grouped GEMM for all local experts",
+}
+
+
+def semantics_block(space: SearchSpace) -> str:
+    """One line per tunable: what it does to time and memory."""
+    return "\n".join(f"- {PAPER_NAMES.get(f, f)}: {SEMANTICS.get(f, 'see Megatron-LM')}" for f in space.tunables)

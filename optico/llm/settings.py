@@ -26,7 +26,7 @@ DEFAULT_PRICES: dict[str, tuple[float, float]] = {
     "o4-mini": (1.10, 4.40),
 }
 
-StructuredOutput = Literal["auto", "json_schema", "json_object", "text"]
+StructuredOutput = Literal["auto", "json_schema", "json_object_schema", "json_object", "text"]
 
 
 class LLMSettings(BaseSettings):
@@ -46,7 +46,14 @@ class LLMSettings(BaseSettings):
     api_version: str | None = Field(None, description="Azure OpenAI API version, e.g. 2024-10-21.")
     temperature: float | None = Field(0.2, ge=0, le=2, description="Sampling temperature; low keeps reruns "
                                                                     "alike. none: not sent (models that refuse it).")
-    max_tokens: int = Field(2048, gt=0, description="Completion tokens per call at most (reasoning included).")
+    max_tokens: int = Field(2048, gt=0, description="Completion tokens per call at most (reasoning included); "
+                                                   "each agent asks for less (max_tokens_<agent>).")
+    max_tokens_analysis: int = Field(900, gt=0, description="Completion tokens an analysis answer may take.")
+    max_tokens_generation: int = Field(1100, gt=0, description="Completion tokens a generation answer may take.")
+    max_tokens_failure: int = Field(450, gt=0, description="Completion tokens a failure diagnosis may take.")
+    stream: bool = Field(True, description="Stream answers, so that a timeout closes the connection and the server "
+                                           "stops generating (llama.cpp, vLLM) instead of finishing an abandoned "
+                                           "answer that later calls wait behind.")
     timeout_s: float = Field(60.0, gt=0, description="Seconds one HTTP attempt may take before it counts as "
                                                      "a timeout and is retried.")
     max_attempts: int = Field(4, ge=1, le=20, description="HTTP attempts per call (429, 5xx, timeouts and "
@@ -56,8 +63,9 @@ class LLMSettings(BaseSettings):
     backoff_max_s: float = Field(30.0, gt=0, description="Longest backoff between two attempts.")
     retry_after_max_s: float = Field(60.0, ge=0, description="A server's Retry-After is honoured up to this.")
     structured_output: StructuredOutput = Field(
-        "auto", description="auto: try a JSON schema, then JSON mode, then plain text, remembering what the "
-                            "endpoint accepted; or force one of them.")
+        "auto", description="auto: try a JSON schema, then the server's own schema form (json_object with a "
+                            "schema: llama.cpp), then JSON mode, then plain text, remembering per endpoint what "
+                            "it accepted; or force one of them.")
     prices: dict[str, tuple[float, float]] = Field(
         default_factory=lambda: dict(DEFAULT_PRICES),
         description="Model -> USD per million (prompt, completion) tokens, for the cost of each call.")
@@ -67,7 +75,11 @@ class LLMSettings(BaseSettings):
                                                                "analysis agent as evidence.")
     history_best_k: int = Field(5, ge=1, description="Best successful runs the history view keeps.")
     history_last_n: int = Field(6, ge=1, description="Most recent runs the history view keeps.")
-    history_token_budget: int = Field(2500, ge=200, description="Tokens (estimated) the history view may use.")
+    history_token_budget: int = Field(2500, ge=200, description="Tokens (estimated) the compact history view of the "
+                                                                 "model-guided mode may use.")
+    history_token_budget_led: int = Field(900, ge=200, description="Tokens (estimated) the full history table of "
+                                                                    "the llm-led mode may use before it is "
+                                                                    "compressed (failures are never dropped).")
     log_max_chars: int = Field(4000, ge=500, description="Characters of a training log a prompt may quote.")
     breaker_failures: int = Field(3, ge=1, description="Calls failing in a row (after their retries) before "
                                                        "the endpoint is skipped for `breaker_cooldown_s`.")
@@ -79,6 +91,12 @@ class LLMSettings(BaseSettings):
             raise ValueError("OPTICO_LLM_PROVIDER=azure needs OPTICO_LLM_BASE_URL (the resource endpoint) "
                              "and OPTICO_LLM_API_VERSION")
         return self
+
+    def agent_max_tokens(self, agent: str) -> int:
+        """The completion-token bound of one agent's answer (never above max_tokens)."""
+        bound = {"analysis": self.max_tokens_analysis, "generation": self.max_tokens_generation,
+                 "failure": self.max_tokens_failure}.get(agent, self.max_tokens)
+        return min(bound, self.max_tokens)
 
     def require_model(self) -> str:
         if not self.model:

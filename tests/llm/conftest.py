@@ -33,8 +33,10 @@ def fake_llm(llm_env: Callable[..., None]) -> Iterator[Callable[..., FakeOpenAI]
     servers: list[FakeOpenAI] = []
 
     def start(script: Script | None = None, *, formats: tuple[str, ...] = ("json_schema", "json_object"),
-              require_key: str | None = None, **settings: Any) -> FakeOpenAI:
-        server = FakeOpenAI(script, formats=formats, require_key=require_key).__enter__()
+              require_key: str | None = None, stream_usage: bool = True, format_status: int = 400,
+              **settings: Any) -> FakeOpenAI:
+        server = FakeOpenAI(script, formats=formats, require_key=require_key, stream_usage=stream_usage,
+                            format_status=format_status).__enter__()
         servers.append(server)
         llm_env(server, **settings)
         return server

@@ -39,6 +39,8 @@ class Reply:
     error: str | None = None  # error message for a non-200 status
     delay_s: float = 0.0  # sleep before answering (a hanging server)
     usage: bool = True
+    chunk_delay_s: float = 0.0  # streamed: sleep between chunks (a slow generation)
+    cut_after: int | None = None  # streamed: drop the connection after this many chunks (a dying server)
 
 
 @dataclass
@@ -65,6 +67,8 @@ class Call:
     @property
     def mode(self) -> str:
         rf = self.body.get("response_format") or {}
+        if rf.get("type") == "json_object" and "schema" in rf:
+            return "json_object_schema"  # llama.cpp's own schema form
         return rf.get("type", "text")
 
     @property
@@ -106,12 +110,29 @@ def tunables(user: str) -> list[str]:
 
 
 def candidate_moves(user: str) -> list[list[tuple[str, str, str]]]:
-    """Each numbered "Change ..." line of the analysis prompt's candidates (or generation's suggestions)."""
+    """Each numbered "Change ..." line of the analysis prompt's candidates (or generation's suggestions);
+    in the LLM-led mode, which shows no candidates, one-parameter moves to the next allowed value."""
     body = _section(user, "Candidate moves") or _section(user, "Bottleneck analysis")
-    return [c for line in body.splitlines() if re.match(r"^\d+\. Change", line) for c in [parse_changes(line)] if c]
+    moves = [c for line in body.splitlines() if re.match(r"^\d+\. Change", line) for c in [parse_changes(line)] if c]
+    if moves or _section(user, "Bottleneck analysis"):
+        return moves
+    current = current_config(user)
+    for line in _section(user, "Search space").splitlines():
+        m = re.match(r"^- (\S+) \((\w+)\): (.*)$", line)
+        if not m or m.group(2) not in current:
+            continue
+        now = display_value(m.group(2), current[m.group(2)])
+        values = m.group(3).split(", ")
+        if now not in values:
+            continue
+        at = values.index(now)  # the next allowed value up (more parallelism, more recompute), else down
+        other = values[at + 1] if at + 1 < len(values) else values[at - 1] if at else None
+        if other is not None:
+            moves.append([(m.group(1), now, other)])
+    return moves
 
 
-def analysis_answer(call: Call, k: int = 3) -> str:
+def analysis_answer(call: Call, k: int = 6) -> str:
     moves = candidate_moves(call.user)[:k]
     if call.mode != "text":
         return json.dumps({
@@ -146,7 +167,8 @@ def _configs(call: Call, k: int) -> list[dict[str, Any]]:
 
 
 def generation_answer(call: Call, k: int = 3) -> str:
-    configs = _configs(call, k)
+    # asked again (the validator refused the first proposals): the next suggestions of the analysis
+    configs = _configs(call, 2 * k)[k:] if call.is_reask else _configs(call, k)
     if call.mode != "text":
         return json.dumps({"think": "apply the ranked suggestions in order",
                            "proposals": [{"config": c, "justification": f"suggestion {i + 1} of the analysis",
@@ -201,10 +223,14 @@ class FakeOpenAI:
     """`with FakeOpenAI(script) as server: ... server.url` (the base URL, ending in /v1)."""
 
     def __init__(self, script: Script | None = None, *, formats: tuple[str, ...] = ("json_schema", "json_object"),
-                 model: str = "fake-model", require_key: str | None = None):
+                 model: str = "fake-model", require_key: str | None = None, stream_usage: bool = True,
+                 format_status: int = 400):
         self.script, self.formats, self.model, self.require_key = script, formats, model, require_key
+        self.stream_usage = stream_usage  # False: like llama-cpp-python, no usage chunk in streams
+        self.format_status = format_status  # llama-cpp-python refuses json_schema with a 500
         self.calls: list[Call] = []
         self.times: list[float] = []
+        self.streams: list[dict[str, Any]] = []  # per streamed answer: chunks sent, whether the client left
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -251,7 +277,48 @@ class FakeOpenAI:
                 if not self.path.rstrip("/").endswith("/chat/completions"):
                     self._send(404, {"error": {"message": "not found"}})
                     return
-                self._send(*server.respond(body, dict(self.headers)))
+                status, payload, headers, reply = server.respond(body, dict(self.headers))
+                if status == 200 and body.get("stream"):
+                    self._stream(payload, reply, body)
+                else:
+                    self._send(status, payload, headers)
+
+            def _stream(self, payload: dict[str, Any], reply: Reply, body: dict[str, Any]) -> None:
+                """Server-sent events as OpenAI sends them: a role delta, content deltas, the finish
+                reason, a usage chunk when asked for (and the server gives one), [DONE]."""
+                text = payload["choices"][0]["message"]["content"]
+                base = {k: payload[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+                pieces = [text[i:i + 4] for i in range(0, len(text), 4)]
+                events = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                "finish_reason": None}]}]
+                events += [{**base, "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
+                           for p in pieces]
+                events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+                wants_usage = (body.get("stream_options") or {}).get("include_usage")
+                if wants_usage and server.stream_usage and "usage" in payload:
+                    events.append({**base, "choices": [], "usage": payload["usage"]})
+                record = {"chunks": 0, "left": False, "cut": False}
+                server.streams.append(record)
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    for i, event in enumerate(events):
+                        if reply.cut_after is not None and i >= reply.cut_after:
+                            record["cut"] = True
+                            self.close_connection = True
+                            return
+                        if reply.chunk_delay_s and i:
+                            time.sleep(reply.chunk_delay_s)
+                        self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                        self.wfile.flush()
+                        record["chunks"] += 1
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    record["left"] = True  # the client closed the stream: stop generating
+                self.close_connection = True
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True
@@ -266,7 +333,8 @@ class FakeOpenAI:
             self._server.shutdown()
             self._server.server_close()
 
-    def respond(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, Any], dict[str, str]]:
+    def respond(self, body: dict[str, Any], headers: dict[str, str]
+                ) -> tuple[int, dict[str, Any], dict[str, str], Reply]:
         system = next((m["content"] for m in body.get("messages", []) if m.get("role") == "system"), "")
         role = role_of(system)
         with self._lock:
@@ -277,10 +345,11 @@ class FakeOpenAI:
         if self.require_key is not None and auth != f"Bearer {self.require_key}":
             # Echo the key back, as a careless server might: the client must redact it.
             return 401, {"error": {"message": f"Incorrect API key provided: {auth.removeprefix('Bearer ')}",
-                                   "type": "invalid_request_error"}}, {}
+                                   "type": "invalid_request_error"}}, {}, Reply()
         if call.mode != "text" and call.mode not in self.formats:
-            return 400, {"error": {"message": f"response_format type {call.mode!r} is not supported",
-                                   "type": "invalid_request_error", "param": "response_format"}}, {}
+            return self.format_status, {"error": {"message": f"response_format type {call.mode!r} is not supported",
+                                                  "type": "invalid_request_error", "param": "response_format"}}, {}, \
+                Reply()
         reply = self.script(call) if self.script else None
         if reply is None or isinstance(reply, str):
             reply = Reply(content=reply)
@@ -288,7 +357,7 @@ class FakeOpenAI:
             time.sleep(reply.delay_s)
         if reply.status != 200:
             return reply.status, {"error": {"message": reply.error or f"status {reply.status}",
-                                            "type": "server_error"}}, reply.headers
+                                            "type": "server_error"}}, reply.headers, reply
         text = reply.content if reply.content is not None else default_answer(call)
         prompt = sum(tokens(m.get("content") or "") for m in body.get("messages", []))
         payload: dict[str, Any] = {
@@ -298,4 +367,4 @@ class FakeOpenAI:
         if reply.usage:
             payload["usage"] = {"prompt_tokens": prompt, "completion_tokens": tokens(text),
                                 "total_tokens": prompt + tokens(text)}
-        return 200, payload, reply.headers
+        return 200, payload, reply.headers, reply

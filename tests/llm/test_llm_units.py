@@ -98,12 +98,12 @@ def test_generation_answer_completes_and_repairs_and_refuses_fixed_changes():
 
 def test_failure_answer_follows_the_papers_rules():
     f = failure_answer(None, "<think>x</think>\nMICRO_BATCH_SIZE 4, AC none caused CUDA OutOfMemoryError "
-                             "(Confidence: 92)", space=SPACE, detected=FailureCategory.OOM, excerpt="OOM")
+                             "(Confidence: 92)", space=SPACE, detected=FailureCategory.OOM, excerpt="OOM").failure
     assert (f.category, f.params, f.confidence, f.retry) == (FailureCategory.OOM,
                                                              ["micro_batch_size", "recompute_granularity"], 92, False)
     r = failure_answer({"summary": "NCCL watchdog timeout. No parameter issue. RETRY", "confidence": 60,
                         "retry": True, "params": []}, "", space=SPACE, detected=FailureCategory.COMM_TIMEOUT,
-                       excerpt="")
+                       excerpt="").failure
     assert r.retry and r.summary.endswith("(Confidence: 60)")
     with pytest.raises(AnswerError, match="not 'No parameter issue. RETRY'"):
         failure_answer(None, "Something broke. No parameter issue. RETRY (Confidence: 80)", space=SPACE,
@@ -111,7 +111,7 @@ def test_failure_answer_follows_the_papers_rules():
     with pytest.raises(AnswerError, match="Confidence: N"):
         failure_answer(None, "TP 2 caused a problem", space=SPACE, detected=None, excerpt="")
     long = "TP 2 caused " + " ".join(["word"] * 60) + " (Confidence: 40)"
-    clipped = failure_answer(None, long, space=SPACE, detected=None, excerpt="")
+    clipped = failure_answer(None, long, space=SPACE, detected=None, excerpt="").failure
     assert len(clipped.summary.split()) <= 30 and clipped.summary.endswith("(Confidence: 40)")
 
 
