@@ -44,7 +44,7 @@ def measure(spec: JobSpec, iterations: int, db_dir: Path) -> dict[str, Any]:
     store = SqlStore(f"sqlite:///{db_dir / 'pool.db'}")
     job_id = store.create_job(spec)
     start = time.perf_counter()
-    ctx = build_context(spec, store, job_id)
+    ctx = build_context(spec, store, job_id, worker="iteration-time")
     setup = time.perf_counter() - start
 
     def run(index: int, strategy) -> None:

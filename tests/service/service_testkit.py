@@ -64,13 +64,16 @@ class Service:
         env.update(self.extra_env)
         return env
 
-    def start(self, **extra_env: str) -> Service:
+    def start(self, *, wait: bool = True, **extra_env: str) -> Service:
+        """Starts the process; with `wait` (default) returns once it answers /healthz."""
         self.home.mkdir(parents=True, exist_ok=True)
         self.log = self.home / f"serve-{time.monotonic_ns()}.log"
         env = {**self.env(), **extra_env}
         self.proc = subprocess.Popen([sys.executable, "-m", "optico.cli", "serve", "--port", str(self.port),
                                       "--log-level", "warning", *self.args], env=env,
                                      stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        if not wait:
+            return self
         deadline = time.monotonic() + 60
         while True:
             if self.proc.poll() is not None:

@@ -1,8 +1,7 @@
 """The dashboard in a real headless Chromium (Debian's, driven by Playwright with `executable_path`; no
 browser download), against a real `optico serve` process.
 
-`OPTICO_SCREENSHOT_DIR=docs/img pytest tests/service/test_dashboard.py` also writes the screenshots the
-README shows.
+The screenshots the README shows come from `python benchmarks/dashboard_screenshots.py`.
 """
 
 from __future__ import annotations
@@ -99,14 +98,6 @@ class Page:
         self.context.close()
 
 
-def _shoot(page: Any, name: str) -> None:
-    target = os.environ.get("OPTICO_SCREENSHOT_DIR")
-    if target:
-        Path(target).mkdir(parents=True, exist_ok=True)
-        page.evaluate("() => window.scrollTo(0, 0)")
-        page.screenshot(path=str(Path(target) / name), full_page=False)
-
-
 def _points(page: Any, chart: str, names: tuple[str, ...]) -> int:
     return page.evaluate(f"""() => document.getElementById("{chart}").data
         .filter(t => {json.dumps(list(names))}.includes(t.name)).reduce((n, t) => n + t.x.length, 0)""")
@@ -177,7 +168,6 @@ def test_a_job_page_follows_a_running_job_live(browser: Any, site):
     page.reload()  # as a person opening the finished job sees it
     page.wait_for_function("() => document.getElementById('chart-mfu').data !== undefined")
     assert _points(page, "chart-mfu", MARKERS) == final["trials"]
-    _shoot(page, "dashboard-job.png")
     page.locator("details.iteration").first.click()
     assert page.locator("details.iteration").first.locator(".message").count() >= 1
     script = httpx.get(f"{service.url}/jobs/{job['id']}/launch.sh", cookies={"optico_session": tokens["read"]})
@@ -205,7 +195,6 @@ def test_the_jobs_page_filters_sorts_pages_and_escapes(browser: Any, site):
     page = ui.go(f"/jobs/{created.json()['id']}")
     assert page.locator("h1").inner_text().endswith(hostile)
     assert ui.dialogs == [] and page.locator("script:not([src]):not([type='application/json'])").count() == 0
-    _shoot(ui.go("/"), "dashboard-jobs.png")
     assert ui.errors == []
     ui.close()
 

@@ -56,7 +56,8 @@ def test_sigkill_at_five_points_then_restart(make_service, db_url: str, tmp_path
         expected = reference(bodies, tmp_path)
         assert sorted(expected) == jobs
         for point in KILLS:
-            service = make_service().start(OPTICO_FAULT_KILL_AT=point)
+            # Not waiting for /healthz: the worker may reach the kill point before the API answers.
+            service = make_service().start(wait=False, OPTICO_FAULT_KILL_AT=point)
             code = service.wait_dead(timeout=180)
             assert code == -signal.SIGKILL, f"{point}: the service should have died there ({code})"
         finals = {}

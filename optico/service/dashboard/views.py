@@ -253,11 +253,11 @@ def workload_page(request: Request, key: str, store: StoreDep, who: Viewer) -> R
             continue
         points.append({"job": j.id, "name": j.name, "version": _version(best.fingerprint), "mfu": best.mfu,
                        "when": j.finished_at or j.created_at, "strategy": best.strategy.short()})
-    ticks = [{"schedule": s.name, "when": t.started_at, "outcome": t.outcome or t.status,
+    ticks = [{"schedule": s.name, "id": t.id, "when": t.started_at, "outcome": t.outcome or t.status,
               "version": _version(t.fingerprint or {}), "before": t.mfu_before, "after": t.mfu_after,
               "regression_pct": t.regression_pct, "retune_job": t.retune_job_id, "new_best": t.new_best_mfu}
              for s in store.list_schedules() if s.workload_key == key for t in store.ticks(s.id, limit=200)]
-    ticks.sort(key=lambda t: t["when"])
+    ticks.sort(key=lambda t: t["id"])  # in the order they ticked
     figure = _history_figure(points, ticks)
     return templates.TemplateResponse(request, "workload.html", {
         "who": who, "key": key, "description": jobs[0].spec.workload.describe(), "points": points,
