@@ -92,7 +92,7 @@ def build_context(spec: JobSpec, store: Store, job_id: int, *, worker: str, laun
     chosen = spec.reasoner
     # Every reasoner that is not the rules is wrapped: a fallback to the rules is recorded, shown
     # and, with require_llm, an error (optico.agents.fallback).
-    notify = pool_notifier(store, job_id, on_event)
+    notify = pool_notifier(store, job_id, on_event, worker=worker)
     if chosen.uses_llm:
         # Imported here: a rules-only job never loads the openai package. Settings come from
         # OPTICO_LLM_*; a missing model or key raises ValueError naming the variable.

@@ -119,19 +119,23 @@ class WithFallback(Generic[R]):
         return self._decide(inp.iteration, lambda r: r.diagnose(inp))  # type: ignore[attr-defined]
 
 
-def pool_notifier(store: Any, job_id: int, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> Notify:
-    """Stores each decision in the pool; a fallback also as a message, an event and a log warning."""
+def pool_notifier(store: Any, job_id: int, on_event: Callable[[str, dict[str, Any]], None] | None = None, *,
+                  worker: str | None = None) -> Notify:
+    """Stores each decision in the pool (as the lease holder `worker`); a fallback also as a message, a
+    `fallback` event and a log warning."""
 
     def notify(d: Decision) -> None:
-        store.add_message(job_id, d.iteration, d.agent, "decision", d.model_dump(mode="json"), d.line())
+        store.add_message(job_id, d.iteration, d.agent, "decision", d.model_dump(mode="json"), d.line(),
+                          worker=worker)
         if d.fallback is None:
             return
         store.add_message(job_id, d.iteration, d.agent, "fallback",
-                          {"error": d.fallback.reason, "cause": d.fallback.cause, "asked": d.asked}, d.line())
+                          {"error": d.fallback.reason, "cause": d.fallback.cause, "asked": d.asked}, d.line(),
+                          worker=worker)
         event = ReasonerFallback(iteration=d.iteration, agent=d.agent,
                                  reason=f"{d.asked} -> rules ({d.fallback.cause}): {d.fallback.reason}")
         payload = event.model_dump(mode="json")
-        store.add_event(job_id, "fallback", payload)
+        store.add_event(job_id, event, worker=worker)
         if on_event:
             on_event("fallback", payload)
         log.warning("job %s: %s", job_id, d.line())

@@ -117,7 +117,7 @@ def _check_job(result: dict, store, *, failure_ablated: bool) -> list:
     """The common assertions: completed; every call recorded with the server's usage; every agent's
     decision in the result, naming the reasoner; every fallback with its cause and reason."""
     job = result["job_id"]
-    assert result["status"] == "completed", result["stop_reason"]
+    assert result["status"] == "succeeded", result["stop_reason"]
     calls = [m for m in store.messages(job) if m.kind in ("llm_call", "llm_reask")]
     assert calls
     for m in calls:
@@ -230,7 +230,7 @@ def test_a_server_killed_mid_job_ends_in_recorded_fallbacks(use, db_url, tmp_pat
     finally:
         killer.cancel()
         server.kill()
-    assert result["status"] == "completed" and len(result["trials"]) == 2
+    assert result["status"] == "succeeded" and len(result["trials"]) == 2
     _summary(result)
     causes = {d["fallback"]["cause"] for t in result["trials"] for a, d in t["decided_by"].items()
               if a != "configuration" and d["fallback"]}

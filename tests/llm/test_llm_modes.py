@@ -42,7 +42,7 @@ def test_reasoner_spec_modes_ablations_and_the_openai_alias():
 def test_llm_led_job_uses_the_papers_prompts_and_says_who_decided(db_url: str, fake_llm):
     server = fake_llm()
     result, store = run_llm_job(db_url, llm_spec(4, ReasonerSpec.every("llm-led")), FailingAt({2: OOM_LOG}))
-    assert result["status"] == "completed"
+    assert result["status"] == "succeeded"
     analysis = server.by_role("analysis")
     assert analysis and all("What the parameters do" in c.user and "Candidate moves" not in c.user for c in analysis)
     assert all("History table from the message pool" in c.user for c in analysis)
@@ -107,7 +107,7 @@ def test_each_ablation_changes_what_is_asked(db_url: str, fake_llm, ablation: st
     server = fake_llm()
     spec = llm_spec(4, ReasonerSpec.every("llm-led", ablate=[ablation]))
     result, store = run_llm_job(db_url, spec, FailingAt({2: OOM_LOG}))
-    assert result["status"] == "completed"
+    assert result["status"] == "succeeded"
     bodies = [json.dumps(c.body) for c in server.calls]
     if ablation == "history":
         assert all("history is withheld" in c.user for c in server.calls if c.role in ("analysis", "generation"))
