@@ -161,30 +161,6 @@ class ScheduleRecord(_Dated):
     incumbent: Incumbent | None = None
 
 
-class TickRecord(_Dated):
-    """One firing of a schedule. `status`: running, done, retuning (its retune job has not ended),
-    failed, skipped. `outcome` as in `optico schedule run-now --json` (None until decided)."""
-
-    id: int
-    schedule_id: int
-    trigger: str
-    due_at: datetime | None = None
-    status: str
-    outcome: str | None = None
-    worker: str
-    started_at: datetime
-    finished_at: datetime | None = None
-    fingerprint: dict[str, str] | None = None
-    fingerprint_changed: bool | None = None
-    mfu_before: float | None = None
-    mfu_after: float | None = None
-    noise_pct: float | None = None
-    regression_pct: float | None = None
-    retune_job_id: int | None = None
-    new_best_mfu: float | None = None
-    report: dict[str, Any] = Field(default_factory=dict)
-
-
 class TickVerdict(_Record):
     """What a tick found: the fields of `TickRecord` a tick decides (see `optico.retune.decide`)."""
 
@@ -198,6 +174,21 @@ class TickVerdict(_Record):
     retune_job_id: int | None = None
     new_best_mfu: float | None = None
     report: dict[str, Any] = Field(default_factory=dict)
+
+
+class TickRecord(TickVerdict, _Dated):
+    """One firing of a schedule: its verdict (the fields of `TickVerdict`) and its bookkeeping. `status`:
+    running, done, retuning (its retune job has not ended), failed, skipped. `outcome` as in `optico
+    schedule run-now --json` (None until decided)."""
+
+    id: int
+    schedule_id: int
+    trigger: str
+    due_at: datetime | None = None
+    status: str
+    worker: str
+    started_at: datetime
+    finished_at: datetime | None = None
 
 
 class StoredScheduleEvent(_Record):
