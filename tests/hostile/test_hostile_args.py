@@ -53,7 +53,7 @@ ARGS = [
     ("--launcher replay without data", lambda s, t: ["tune", s, "--launcher", "replay"], "--launcher"),
     ("--launcher local without GPUs", lambda s, t: ["tune", s, "--launcher", "local"], "workload.cluster.gpu"),
     ("--reasoner unknown", lambda s, t: ["tune", s, "--reasoner", "gpt-9"], "--reasoner"),
-    ("--reasoner openai without settings", lambda s, t: ["tune", s, "--reasoner", "openai"], "reasoner openai"),
+    ("--reasoner openai without settings", lambda s, t: ["tune", s, "--reasoner", "openai"], "reasoner model-guided"),
     ("unknown option", lambda s, t: ["tune", s, "--turbo"], "--turbo"),
     ("no spec", lambda s, t: ["tune"], "SPEC.yaml"),
     ("two specs", lambda s, t: ["tune", s, s], "optico tune"),
