@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from optico.agents.contracts import AnalysisInput, GenerationInput
+from optico.agent_contracts import AnalysisInput, GenerationInput
 from optico.agents.seeding import heuristic_start
 from optico.loop import _converged
 from optico.pool.store import SqlStore

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "llm"))  # the scripted server
 
 from optico.agents.analysis import RulesAnalysis  # noqa: E402
-from optico.agents.contracts import AnalysisInput, FailureInput, GenerationInput  # noqa: E402
+from optico.agent_contracts import AnalysisInput, FailureInput, GenerationInput  # noqa: E402
 from optico.agents.failure import RulesFailureAnalysis  # noqa: E402
 from optico.agents.llm import build_llm_reasoners  # noqa: E402
 from optico.guard import Guard  # noqa: E402

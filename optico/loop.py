@@ -20,7 +20,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.runtime import Runtime
 
 from optico.agents.analysis import RulesAnalysis
-from optico.agents.contracts import (
+from optico.agent_contracts import (
     AnalysisInput,
     AnalysisOutput,
     AnalysisReasoner,

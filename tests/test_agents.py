@@ -8,9 +8,9 @@ import pytest
 
 from optico.agents import acquisition
 from optico.agents.analysis import RulesAnalysis, diagnose_health
-from optico.agents.contracts import AnalysisInput, Change, GenerationInput, HealthState, changes_text
+from optico.agent_contracts import AnalysisInput, Change, GenerationInput, HealthState, changes_text
 from optico.agents.failure import RulesFailureAnalysis
-from optico.agents.contracts import FailureInput
+from optico.agent_contracts import FailureInput
 from optico.agents.generation import RulesGeneration, repair
 from optico.guard import Guard, needs_at_least_as_much_memory
 from optico.launchers.sim import SimLauncher

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from optico.agents import acquisition
-from optico.agents.contracts import (
+from optico.agent_contracts import (
     AnalysisInput,
     AnalysisOutput,
     Change,

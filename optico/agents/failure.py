@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from optico.agents.contracts import FailureInput
+from optico.agent_contracts import FailureInput
 from optico.guard import recompute_level
 from optico.redact import clip
 from optico.strategy import PAPER_NAMES, Strategy, display_value

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from optico.agents.contracts import (
+from optico.agent_contracts import (
     AnalysisInput,
     AnalysisOutput,
     FailureInput,

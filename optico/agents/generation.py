@@ -9,7 +9,7 @@ needs when PP stops dividing the layers) so a good idea is not lost to a flag.
 
 from __future__ import annotations
 
-from optico.agents.contracts import GenerationInput, GenerationOutput, Proposal
+from optico.agent_contracts import GenerationInput, GenerationOutput, Proposal
 from optico.repair import apply_changes, repair  # noqa: F401  (re-exported: callers import them here)
 
 

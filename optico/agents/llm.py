@@ -1,6 +1,6 @@
 """LLM reasoners for three of the four agents, over any OpenAI-compatible endpoint.
 
-Each implements the same protocol as its offline rules reasoner (`optico.agents.contracts`),
+Each implements the same protocol as its offline rules reasoner (`optico.agent_contracts`),
 so the loop never knows which one answered. Two modes (`AskOptions.mode`): model-guided (the
 LLM ranks the performance model's candidates) and llm-led (the paper: the LLM reasons over the
 history table and writes the configurations; only the guard stands between it and a launch).
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from optico.agents.analysis import RulesAnalysis
-from optico.agents.contracts import (
+from optico.agent_contracts import (
     DIRECTIVES,
     AnalysisInput,
     AnalysisOutput,

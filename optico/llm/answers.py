@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from optico.agents.contracts import Change, HealthState, Suggestion
+from optico.agent_contracts import Change, HealthState, Suggestion
 from optico.repair import apply_changes, repair
 from optico.llm.parsing import (
     change_items,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from optico.agents.contracts import HealthState
+from optico.agent_contracts import HealthState
 from optico.perfmodel.bottleneck import Bottleneck
 from optico.search_space import SearchSpace
 from optico.strategy import PAPER_NAMES, Strategy

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from optico.agents.contracts import FailureInput
+from optico.agent_contracts import FailureInput
 from optico.agents.failure import RulesFailureAnalysis, first_error
 from optico.launchers.factory import build_launcher
 from optico.launchers.megatron_lm import flag_values, measured, parse_iteration, parse_log, parse_memory, render_args

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from optico.agents.contracts import FailureInput
+from optico.agent_contracts import FailureInput
 from optico.agents.failure import RulesFailureAnalysis
 from optico.launchers.local import LocalLauncher
 from optico.launchers.program import MegatronCoreProgram, MegatronLMProgram

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from optico.agents.contracts import HealthState
+from optico.agent_contracts import HealthState
 from optico.llm.answers import AnswerError, analysis_answer, failure_answer, generation_answer
 from optico.llm.audit import Redactor
 from optico.llm.client import retry_after_s
@@ -235,7 +235,7 @@ def test_retry_after_header_forms():
 def test_prompt_size_stays_flat_as_the_history_grows():
     """The analysis prompt at 200 history rows is no bigger than the token budget allows over 10 rows."""
     from optico.agents.analysis import RulesAnalysis
-    from optico.agents.contracts import AnalysisInput
+    from optico.agent_contracts import AnalysisInput
     from optico.agents.llm import LLMAnalysis
     from optico.guard import Guard
     from optico.llm.client import ChatClient
