@@ -328,8 +328,8 @@ def failure_kind(r: LaunchResult) -> str:
 
 # -- simulated landscapes --------------------------------------------------------------------
 
-class SimDef(BaseModel):
-    """A simulated landscape before it is built (cheap, picklable)."""
+class LandscapeDef(BaseModel):
+    """A landscape before it is built (cheap, picklable): what every family of landscapes names."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -339,14 +339,19 @@ class SimDef(BaseModel):
     tunables: dict[str, list[Any]]
     fixed: dict[str, Any]
     landscape_seed: int = 0
-    # Out-of-form effects (log step time std dev): half the variance in pairwise interactions, half
-    # in a two-sided residual per configuration; 0 = the self-generated family.
-    effect_size: float = 0.0
-    group: str = "self"
 
     def size_hint(self) -> int:
         """The space's raw size (before validity): a cheap guess at the cost of the landscape."""
         return SearchSpace.build(self.workload, self.tunables, self.fixed).size()
+
+
+class SimDef(LandscapeDef):
+    """A simulated landscape before it is built."""
+
+    # Out-of-form effects (log step time std dev): half the variance in pairwise interactions, half
+    # in a two-sided residual per configuration; 0 = the self-generated family.
+    effect_size: float = 0.0
+    group: str = "self"
 
     def build(self) -> Landscape:
         """The landscape; raises LandscapeSkipped when (almost) nothing in the space fits in memory."""

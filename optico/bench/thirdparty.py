@@ -45,8 +45,8 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
+from optico.bench.landscapes import LandscapeDef
 from optico.launchers.base import Launcher, ProgressCallback
 from optico.rules import violations
 from optico.strategy import Strategy
@@ -262,22 +262,8 @@ SETUPS: tuple[tuple[str, str, int, int, int], ...] = (
 )
 
 
-class ThirdPartyDef(BaseModel):
-    """An llm-analysis landscape before it is built (cheap, picklable)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    preset: str
-    workload: Workload
-    tunables: dict[str, list[Any]]
-    fixed: dict[str, Any]
-    landscape_seed: int = 0
-
-    def size_hint(self) -> int:
-        from optico.search_space import SearchSpace
-
-        return SearchSpace.build(self.workload, self.tunables, self.fixed).size()
+class ThirdPartyDef(LandscapeDef):
+    """An llm-analysis landscape before it is built."""
 
     def build(self) -> Any:
         from optico.bench.experts import find_recipe, nearest_fitting, recipe_strategy

@@ -29,6 +29,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from optico.launchers.megatron import compat, cpu_shim
 from optico.launchers.megatron.layers import LocalNorm, SDPAttention
 from optico.knobs import KNOBS
+from optico.parallel import ParallelDims
 from optico.strategy import Strategy
 from optico.workload import Workload
 
@@ -76,11 +77,11 @@ def make_plan(w: Workload, s: Strategy, world_size: int, *, device: str,
     if world_size != w.world_size:
         raise BenchConfigError(f"the workload's cluster has {w.world_size} GPUs but {world_size} processes "
                                f"were started (torchrun --nproc-per-node x --nnodes must equal it)")
-    mp = s.tp * s.pp * s.cp
-    if world_size % mp:
-        raise BenchConfigError(f"world size ({world_size}) must be divisible by TP·PP·CP ({mp})",
+    dims = ParallelDims.of(s, world_size)
+    if world_size % dims.model_parallel:
+        raise BenchConfigError(f"world size ({world_size}) must be divisible by TP·PP·CP ({dims.model_parallel})",
                                ["tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"])
-    dp = world_size // mp
+    dp = dims.dp
     if w.global_batch_size % (s.mbs * dp):
         raise BenchConfigError(f"global_batch_size ({w.global_batch_size}) must be divisible by "
                                f"micro_batch_size·DP ({s.mbs}·{dp})", ["micro_batch_size"])
@@ -104,7 +105,7 @@ def make_plan(w: Workload, s: Strategy, world_size: int, *, device: str,
     # Megatron-LM: expert tensor parallel size defaults to the TP size.
     etp = s.etp if w.model.is_moe else 1
     plan = Plan(world_size=world_size, tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, etp=etp, vpp=s.vpp, dp=dp,
-                micro_batch_size=s.mbs, num_microbatches=w.global_batch_size // (s.mbs * dp),
+                micro_batch_size=s.mbs, num_microbatches=dims.microbatches(w.global_batch_size, s.mbs),
                 global_batch_size=w.global_batch_size, seq_length=w.seq_length, precision=w.precision,
                 grad_reduce_in_fp32=w.grads_in_fp32, device=device,
                 use_cpu_initialization=(device == "cpu") if use_cpu_initialization is None else use_cpu_initialization)
