@@ -103,6 +103,14 @@ def _points(page: Any, chart: str, names: tuple[str, ...]) -> int:
         .filter(t => {json.dumps(list(names))}.includes(t.name)).reduce((n, t) => n + t.x.length, 0)""")
 
 
+def _rows_and_points(page: Any, chart: str, names: tuple[str, ...]) -> tuple[int, int]:
+    """The table's rows and the chart's points read in one script, so a live update cannot land
+    between the two readings (the page's JavaScript appends a row and extends the chart together)."""
+    return tuple(page.evaluate(f"""() => [document.querySelectorAll("#trials-table tbody tr").length,
+        document.getElementById("{chart}").data.filter(t => {json.dumps(list(names))}.includes(t.name))
+        .reduce((n, t) => n + t.x.length, 0)]"""))
+
+
 MARKERS = ("above baseline", "below baseline", "failed")
 
 
@@ -141,8 +149,8 @@ def test_a_job_page_follows_a_running_job_live(browser: Any, site):
     page = ui.go(f"/jobs/{job['id']}")
     page.wait_for_function("() => document.getElementById('chart-mfu').data !== undefined")
     page.evaluate("() => { window.__sameDocument = true; }")
-    shown = page.locator("#trials-table tbody tr").count()
-    assert _points(page, "chart-mfu", MARKERS) == shown  # one point per trial
+    shown, points = _rows_and_points(page, "chart-mfu", MARKERS)
+    assert points == shown  # one point per trial
     final = wait_for(lambda: (j := http.get(f"/api/v1/jobs/{job['id']}").json())["status"] == "succeeded" and j,
                      timeout=120, what="the job to finish")
     page.wait_for_function(f"() => document.querySelectorAll('#trials-table tbody tr').length === {final['trials']}",
