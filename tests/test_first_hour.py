@@ -4,6 +4,7 @@ shares, devices checked before a run, impossible measurements refused."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import stat
@@ -70,8 +71,6 @@ def test_tune_fits_80_columns_and_keeps_words_whole(first_run):
 
 
 def test_json_result_names_each_trial_log(first_run):
-    import json
-
     result = json.loads(first_run.out.read_text())
     assert all("log_path" in t for t in result["trials"])
 
@@ -80,6 +79,11 @@ def test_jobs_list_is_one_row_per_job_at_80_columns(first_run):
     rows = [line for line in first_run.listed.stdout.splitlines() if line.strip()]
     assert first_run.listed.code == 0 and len(rows) == 3, rows  # header, rule, one job
     assert all(len(line) <= 80 for line in rows)
+    # Only the free text (name, stop reason) gives way: the figures are never cut.
+    assert rows[0].split()[:4] == ["id", "name", "status", "trials"], rows[0]
+    trials = json.loads(first_run.out.read_text())["trials"]
+    best = max(t["metrics"]["mfu"] for t in trials if t["metrics"])
+    assert rows[2].split()[0] == "1" and " succeeded " in rows[2] and f" {best:.1%} " in rows[2], rows[2]
 
 
 def test_jobs_show_filters(first_run):

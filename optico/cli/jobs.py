@@ -28,6 +28,24 @@ def _short_stop(reason: str | None) -> str:
     return reason.split(":")[0].split(";")[0].strip()
 
 
+_HEADERS = ("id", "name", "status", "trials", "best", "stopped", "created")
+_GAP = 3  # a cell's right padding, the (blank) divider, the next cell's left padding
+
+
+def _text_widths(rows: list[tuple]) -> tuple[int | None, int | None]:
+    """Widths for the two free-text columns (name, stopped) so the row fits the terminal and the
+    figures (id, status, trials, best MFU, created) are never cut; None where the text fits as is."""
+    def widest(i: int) -> int:
+        return max([len(_HEADERS[i])] + [len(str(r[i])) for r in rows])
+    fixed = sum(widest(i) for i in (0, 2, 3, 4, 6)) + _GAP * (len(_HEADERS) - 1)
+    room = max(16, console.width - fixed)
+    name, stop = min(widest(1), 24), widest(5)
+    if name + stop <= room:
+        return None if widest(1) <= 24 else 24, None
+    name = max(8, min(name, room // 2))
+    return name, max(8, room - name)
+
+
 @jobs_app.command("list")
 def jobs_list(database: Optional[str] = DatabaseOption,
               limit: int = typer.Option(20, "--limit", min=1, max=MAX_LIST, metavar="N", help="How many."),
@@ -35,25 +53,28 @@ def jobs_list(database: Optional[str] = DatabaseOption,
     """Jobs in the pool, newest first: one row each (--wide: everything, wrapped)."""
     store, _ = open_store(database)
     with store:
-        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
-        table.add_column("id", justify="right", no_wrap=True)
-        table.add_column("name", no_wrap=not wide, overflow="ellipsis", max_width=None if wide else 24)
-        table.add_column("status", no_wrap=True)
-        table.add_column("trials", justify="right", no_wrap=True)
-        table.add_column("best", justify="right", no_wrap=True)
-        table.add_column("stopped", no_wrap=not wide, overflow="ellipsis")
-        table.add_column("created", no_wrap=True)
-        gone = []
+        rows, gone = [], []
         for job in store.list_jobs(limit):
             trials = store.trials(job.id)
             best = max((t.mfu for t in trials if t.mfu is not None), default=None)
             if worker_gone(job):
                 gone.append(job)
             stop = job.stop_reason if wide else _short_stop(job.stop_reason)
-            table.add_row(str(job.id), rich_text(job.name, one_line=True, max_chars=200), status_label(job),
-                          str(len(trials)), f"{best:.1%}" if best is not None else "-",
-                          rich_text(stop or "", one_line=True),
-                          job.created_at.strftime("%Y-%m-%d %H:%M" if wide else "%m-%d %H:%M"))
+            rows.append((str(job.id), rich_text(job.name, one_line=True, max_chars=200), status_label(job),
+                         str(len(trials)), f"{best:.1%}" if best is not None else "-",
+                         rich_text(stop or "", one_line=True),
+                         job.created_at.strftime("%Y-%m-%d %H:%M" if wide else "%m-%d %H:%M")))
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
+        name_width, stop_width = (None, None) if wide else _text_widths(rows)
+        table.add_column("id", justify="right", no_wrap=True)
+        table.add_column("name", no_wrap=not wide, overflow="fold" if wide else "ellipsis", width=name_width)
+        table.add_column("status", no_wrap=True)
+        table.add_column("trials", justify="right", no_wrap=True)
+        table.add_column("best", justify="right", no_wrap=True)
+        table.add_column("stopped", no_wrap=not wide, overflow="fold" if wide else "ellipsis", width=stop_width)
+        table.add_column("created", no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
         console.print(table)
         for job in gone:
             console.print(Text(resume_hint(job), style="yellow"))

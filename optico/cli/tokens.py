@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+from rich import box
 from rich.table import Table
 
 from optico.cli.common import DatabaseOption, console, err, fail, open_store
@@ -34,7 +35,10 @@ def token_list(database: Optional[str] = DatabaseOption) -> None:
     """Every token: name, scope, prefix, created, last used, revoked."""
     store, _ = open_store(database)
     with store:
-        table = Table("name", "scope", "prefix", "created", "last used", "revoked")
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        table.add_column("name", overflow="fold")
+        for header in ("scope", "prefix", "created", "last used", "revoked"):
+            table.add_column(header, no_wrap=True)  # dates and prefixes read whole or not at all
         for t in store.tokens():
             when = lambda d: d.strftime("%Y-%m-%d %H:%M") if d else "-"  # noqa: E731
             table.add_row(t.name, t.scope, t.prefix + "…", when(t.created_at), when(t.last_used_at),
@@ -50,5 +54,5 @@ def token_revoke(name: str, database: Optional[str] = DatabaseOption) -> None:
         try:
             record = store.revoke_token(name)
         except KeyError:
-            fail(f"no token named {name!r}")
+            fail(f"token: no token named {name!r}")
     console.print(f"token {record.name!r} revoked", highlight=False)

@@ -1,0 +1,43 @@
+"""`optico token ...` as the README uses it: create prints the token alone on stdout (so that
+`export TOKEN=$(optico token create ...)` works), list never shows it, revoke ends it."""
+
+from __future__ import annotations
+
+import pytest
+
+from optico.pool.store import SqlStore
+from tests.hostile.conftest import run_in_process
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("OPTICO_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("OPTICO_DATABASE_URL", raising=False)
+    monkeypatch.setenv("COLUMNS", "80")
+    return tmp_path / "home"
+
+
+def test_create_list_revoke(home):
+    created = run_in_process(["token", "create", "ci-bot", "--scope", "write"])
+    assert created.code == 0, created.stderr
+    token = created.stdout.strip()
+    assert created.stdout == token + "\n" and token.startswith("optico_w_")  # nothing else on stdout
+    assert "shown once" in created.stderr
+    with SqlStore(f"sqlite:///{home / 'optico.db'}") as store:
+        assert store.authenticate(token).name == "ci-bot"
+
+    listed = run_in_process(["token", "list"])
+    assert listed.code == 0 and token not in listed.stdout and token[:12] in listed.stdout
+    row = next(line for line in listed.stdout.splitlines() if line.startswith("ci-bot"))
+    assert len(row.rstrip()) <= 80 and row.split()[1] == "write"
+
+    again = run_in_process(["token", "create", "ci-bot", "--scope", "read"])
+    assert again.code == 2 and again.stdout == "" and len(again.stderr.strip().splitlines()) == 1
+
+    revoked = run_in_process(["token", "revoke", "ci-bot"])
+    assert revoked.code == 0, revoked.stderr
+    with SqlStore(f"sqlite:///{home / 'optico.db'}") as store:
+        assert store.authenticate(token) is None
+
+    unknown = run_in_process(["token", "revoke", "nobody"])
+    assert unknown.code == 2 and unknown.stderr.startswith("error: token: no token named 'nobody'")
