@@ -9,7 +9,9 @@ prediction beyond the margin. The LLM proposes; it never has the last word.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from optico.fingerprint import describe, framework_of, split_by_framework
 from optico.knobs import BY_NAME, KNOBS
@@ -20,6 +22,7 @@ from optico.search_space import SearchSpace
 from optico.strategy import Strategy
 from optico.trial import FailureCategory, Trial, TrialStatus
 from optico.workload import Workload
+
 
 def recompute_level(s: Strategy) -> float:
     """Memory saved by recompute, as an order: none < selective < full block (more layers saves
@@ -47,8 +50,13 @@ SMALL_SAVING = 0.03
 _MEMORY_ORDERS = [k.memory_order for k in KNOBS if k.memory_order is not None]
 
 
+@lru_cache(maxsize=65536)
+def _layout_key(s: Strategy) -> tuple:
+    return ParallelDims.of(s, 0).key
+
+
 def _same_layout(a: Strategy, b: Strategy) -> bool:
-    return ParallelDims.of(a, 0).key == ParallelDims.of(b, 0).key
+    return _layout_key(a) == _layout_key(b)
 
 
 def needs_at_least_as_much_memory(candidate: Strategy, oom: Strategy) -> bool:
@@ -73,6 +81,36 @@ def _setting_text(failed: Trial) -> str:
     return ", ".join(f"{p}={getattr(failed.strategy, p)}" for p in failed.failure.params)
 
 
+@dataclass(frozen=True)
+class _HistoryView:
+    """What `check` reads of the trials, derived once per (history, prior) and not per candidate:
+    an iteration checks thousands of candidates against the same trials."""
+
+    history: tuple[Trial, ...]
+    prior: tuple[Trial, ...]
+    first_index: dict[str, int]  # signature -> the first trial of this job that ran it
+    trials: list[Trial]  # this job's trials, then earlier jobs' under this framework
+    failed: list[Trial]  # those of `trials` that failed with a diagnosis
+    stale: list[Trial]  # earlier jobs' trials under another framework: hints only
+
+    @classmethod
+    def of(cls, history: Sequence[Trial], prior: Sequence[Trial]) -> "_HistoryView":
+        same, stale = split_by_framework(history, prior)
+        trials = [*history, *same]
+        first_index: dict[str, int] = {}
+        for t in history:
+            first_index.setdefault(t.signature, t.index)
+        return cls(tuple(history), tuple(prior), first_index, trials,
+                   [t for t in trials if t.status == TrialStatus.FAILED and t.failure is not None], stale)
+
+    def matches(self, history: Sequence[Trial], prior: Sequence[Trial]) -> bool:
+        """The same trial objects (trials are frozen, and the view holds them alive, so identity is
+        equality)."""
+        return (len(history) == len(self.history) and len(prior) == len(self.prior)
+                and all(a is b for a, b in zip(history, self.history))
+                and all(a is b for a, b in zip(prior, self.prior)))
+
+
 class Guard:
     """Admits or rejects candidates for one job."""
 
@@ -81,6 +119,13 @@ class Guard:
         self.workload, self.space, self.model = workload, space, model
         self._measurable = {s.signature() for s in candidates} if candidates is not None else None
         self._static: dict[str, Verdict] = {}
+        self._view: _HistoryView | None = None
+
+    def _history_view(self, history: Sequence[Trial], prior: Sequence[Trial]) -> _HistoryView:
+        view = self._view  # one read: a guard shared across threads still answers from its own view
+        if view is None or not view.matches(history, prior):
+            view = self._view = _HistoryView.of(history, prior)
+        return view
 
     def _static_check(self, s: Strategy) -> Verdict:
         """The checks that depend on the configuration alone (cached: they never change in a job)."""
@@ -104,17 +149,13 @@ class Guard:
         if not static.admitted:
             return static
         sig = s.signature()
-        if not retry:
-            for t in history:
-                if t.signature == sig:
-                    return Verdict(False, "duplicate", f"same configuration as trial {t.index}")
+        view = self._history_view(history, prior)
+        if not retry and sig in view.first_index:
+            return Verdict(False, "duplicate", f"same configuration as trial {view.first_index[sig]}")
         # Earlier jobs' failures under another framework (before an upgrade) are hints, not refusals:
         # a configuration that ran out of memory then may fit now.
-        prior, stale = split_by_framework(history, prior)
-        trials = [*history, *prior]
-        for t in trials:
-            if t.status != TrialStatus.FAILED or t.failure is None:
-                continue
+        trials = view.trials
+        for t in view.failed:
             if t.signature == sig and t.failure.category not in _TRANSIENT and not retry:
                 return Verdict(False, "known-failure", f"failed before ({t.failure.summary})")
             if _same_refused_setting(s, t):
@@ -133,7 +174,7 @@ class Guard:
             return Verdict(False, "predicted-oom",
                            f"predicted {self.model.mem_gib(s):.1f} GiB > {self.model.limit_gib:.1f} GiB "
                            f"limit (+{self.model.constants.oom_margin:.0%} margin)")
-        hint = next((t for t in stale if t.signature == sig and t.status == TrialStatus.FAILED and t.failure), None)
+        hint = next((t for t in view.stale if t.signature == sig and t.status == TrialStatus.FAILED and t.failure), None)
         if hint is not None:
             return Verdict(True, "hint", f"failed under {describe(framework_of(hint.fingerprint))} "
                                          f"({hint.failure.summary}); the framework changed since, so it is tried")
