@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from optico.pool.contract import Store
@@ -65,7 +65,14 @@ def optional_token(request: Request, store: StoreDep,
         current_token(store, credentials)
 
 
-def existing_job(job_id: int, store: StoreDep) -> JobRecord:
+# SQL's BIGINT: a larger id or sequence number names no row, and the drivers refuse to bind it (a 500
+# before this bound). Every integer the API takes in a path or query is bounded by it.
+SQL_INT_MAX = 2**63 - 1
+JobIdPath = Annotated[int, Path(ge=1, le=SQL_INT_MAX, description="The job's id.")]
+TrialIndexPath = Annotated[int, Path(ge=0, le=SQL_INT_MAX, description="The trial's index in its job.")]
+
+
+def existing_job(job_id: JobIdPath, store: StoreDep) -> JobRecord:
     try:
         return store.get_job(job_id)
     except KeyError:

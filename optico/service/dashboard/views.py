@@ -31,7 +31,7 @@ from optico.pool.records import JobRecord, JobStats
 from optico.report import job_report
 from optico.service.dashboard import charts
 from optico.service.dashboard.session import Viewer, end_session, read_form, safe_next, start_session
-from optico.service.deps import SettingsDep, StoreDep
+from optico.service.deps import SQL_INT_MAX, JobIdPath, SettingsDep, StoreDep, TrialIndexPath
 from optico.service.routes.events import job_event_stream
 from optico.trial import Trial, TrialStatus
 
@@ -166,7 +166,7 @@ def _rows(store: Store, job: JobRecord, trials: list[Trial], *, after: int = 0) 
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: int, store: StoreDep, who: Viewer) -> Response:
+def job_page(request: Request, job_id: JobIdPath, store: StoreDep, who: Viewer) -> Response:
     job = _job_or_404(store, job_id)
     trials = store.trials(job_id)
     rows, baseline = _rows(store, job, trials)
@@ -186,7 +186,7 @@ def job_page(request: Request, job_id: int, store: StoreDep, who: Viewer) -> Res
 
 
 @router.get("/jobs/{job_id}/launch.sh")
-def launch_script(job_id: int, store: StoreDep, who: Viewer) -> Response:
+def launch_script(job_id: JobIdPath, store: StoreDep, who: Viewer) -> Response:
     _job_or_404(store, job_id)
     script = job_report(store, job_id)["launch_script"]
     if script is None:
@@ -196,7 +196,7 @@ def launch_script(job_id: int, store: StoreDep, who: Viewer) -> Response:
 
 
 @router.get("/jobs/{job_id}/trials/{index}", response_class=HTMLResponse)
-def trial_page(request: Request, job_id: int, index: int, store: StoreDep, who: Viewer) -> Response:
+def trial_page(request: Request, job_id: JobIdPath, index: TrialIndexPath, store: StoreDep, who: Viewer) -> Response:
     job = _job_or_404(store, job_id)
     trial = next((t for t in store.trials(job_id, after_index=index - 1) if t.index == index), None)
     if trial is None:
@@ -233,6 +233,8 @@ def compare_page(request: Request, store: StoreDep, who: Viewer,
 
 
 def _exists(store: Store, job_id: int) -> bool:
+    if not 0 < job_id <= SQL_INT_MAX:  # ids typed into the compare page's query: no such row
+        return False
     try:
         store.get_job(job_id)
     except KeyError:
@@ -305,7 +307,7 @@ def _history_figure(points: list[dict[str, Any]], ticks: list[dict[str, Any]]) -
 # -- what the pages fetch live --------------------------------------------------------------------
 
 @router.get("/ui/jobs/{job_id}/rows")
-def new_rows(job_id: int, store: StoreDep, who: Viewer, after: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+def new_rows(job_id: JobIdPath, store: StoreDep, who: Viewer, after: Annotated[int, Query(ge=0, le=SQL_INT_MAX)] = 0) -> dict[str, Any]:
     """Trial rows after index `after` (only what is new) and the job's status line."""
     job = _job_or_404(store, job_id)
     trials = store.trials(job_id)
@@ -318,8 +320,8 @@ def new_rows(job_id: int, store: StoreDep, who: Viewer, after: Annotated[int, Qu
 
 
 @router.get("/ui/jobs/{job_id}/events", response_class=EventSourceResponse)
-async def live_events(request: Request, job_id: int, store: StoreDep, settings: SettingsDep, who: Viewer,
-                      after: Annotated[int, Query(ge=0)] = 0):
+async def live_events(request: Request, job_id: JobIdPath, store: StoreDep, settings: SettingsDep, who: Viewer,
+                      after: Annotated[int, Query(ge=0, le=SQL_INT_MAX)] = 0):
     await run_in_threadpool(_job_or_404, store, job_id)
     last = request.headers.get("last-event-id", "")
     async for item in job_event_stream(request, store, settings, job_id, int(last) if last.isdigit() else after):

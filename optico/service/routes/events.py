@@ -18,7 +18,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from optico.pool.contract import Store
-from optico.service.deps import JobDep, ReadToken, SettingsDep, StoreDep
+from optico.service.deps import SQL_INT_MAX, JobDep, ReadToken, SettingsDep, StoreDep
 from optico.service.settings import ServiceSettings
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["events"])
@@ -27,13 +27,13 @@ BATCH = 500
 
 def _start(after: int | None, last_event_id: str | None) -> int:
     if last_event_id and last_event_id.strip().isdigit():
-        return int(last_event_id.strip())
+        return min(int(last_event_id.strip()), SQL_INT_MAX)
     return after or 0
 
 
 @router.get("/{job_id}/events", response_class=EventSourceResponse)
 async def stream_events(request: Request, job: JobDep, store: StoreDep, settings: SettingsDep, _: ReadToken,
-                        after: Annotated[int | None, Query(ge=0, description="Send events after this seq.")] = None,
+                        after: Annotated[int | None, Query(ge=0, le=SQL_INT_MAX, description="Send events after this seq.")] = None,
                         last_event_id: Annotated[str | None, Header(max_length=32)] = None,
                         ) -> AsyncIterator[ServerSentEvent]:
     """Follows the job live: state changes, trial starts and results, agent outputs, fallbacks."""

@@ -16,7 +16,7 @@ from optico.pool.records import Incumbent, ScheduleRecord, StoredScheduleEvent, 
 from optico.retune.cron import DEFAULT_CRON, check_cron, next_fire
 from optico.retune.webhook import check_webhook_url, where
 from optico.service.bodies import spec_from_body
-from optico.service.deps import ReadToken, SettingsDep, StoreDep, WriteToken
+from optico.service.deps import SQL_INT_MAX, ReadToken, SettingsDep, StoreDep, WriteToken
 from optico.service.schemas import Problem
 from optico.spec import SpecError
 
@@ -224,7 +224,7 @@ def run_schedule(name: str, store: StoreDep, _: WriteToken) -> ScheduleView:
 
 @router.get("/{name}/events", response_model=list[ScheduleEventView], responses=ERRORS)
 def list_events(name: str, store: StoreDep, _: ReadToken,
-                after: Annotated[int, Query(ge=0, description="Only events with a larger seq.")] = 0,
+                after: Annotated[int, Query(ge=0, le=SQL_INT_MAX, description="Only events with a larger seq.")] = 0,
                 limit: Annotated[int, Query(ge=1, le=10_000)] = 500) -> list[ScheduleEventView]:
     """The schedule's event log (tick verdicts, retune results, failures) after `after`."""
     record = _schedule(store, name)
