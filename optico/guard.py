@@ -174,7 +174,8 @@ class Guard:
             return Verdict(False, "predicted-oom",
                            f"predicted {self.model.mem_gib(s):.1f} GiB > {self.model.limit_gib:.1f} GiB "
                            f"limit (+{self.model.constants.oom_margin:.0%} margin)")
-        hint = next((t for t in view.stale if t.signature == sig and t.status == TrialStatus.FAILED and t.failure), None)
+        hint = next((t for t in view.stale if t.signature == sig and t.status == TrialStatus.FAILED and t.failure),
+                    None)
         if hint is not None:
             return Verdict(True, "hint", f"failed under {describe(framework_of(hint.fingerprint))} "
                                          f"({hint.failure.summary}); the framework changed since, so it is tried")

@@ -9,13 +9,14 @@ from typing import Optional
 
 import typer
 
-from optico.cli.common import DatabaseOption, console, fail, open_store
+from optico.cli.common import DatabaseOption, check_id, console, fail, open_store
 from optico.cli.jobs import jobs_app
 
 
 def _transition(job_id: int, to: str, reason: str, database: str | None) -> None:
     from optico.pool.lifecycle import JobStatus, LifecycleError
 
+    check_id(job_id, "JOB_ID")
     store, url = open_store(database)
     with store:
         try:
@@ -69,6 +70,7 @@ def jobs_budget(job_id: int,
     """Raise or lower a job's budget, also while it runs."""
     from optico.pool.lifecycle import LifecycleError
 
+    check_id(job_id, "JOB_ID")
     if max_trials is None and gpu_hours is None:
         fail("give --max-trials and/or --gpu-hours")
     store, url = open_store(database)

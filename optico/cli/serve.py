@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from optico.cli.common import DatabaseOption, console, err, fail
+from optico.cli.common import DatabaseOption, console, err, fail, open_store
 
 
 def _loopback(host: str) -> bool:
@@ -48,13 +48,12 @@ def serve(
     """Serve the REST API (and the job workers) over HTTP."""
     import uvicorn
 
-    from optico.pool.store import SqlStore
     from optico.redact import redact
     from optico.service.app import create_app
 
     settings = _settings(database)
     count = 0 if no_worker else (settings.workers if workers is None else workers)
-    store = SqlStore(settings.database_url)  # migrates the schema before the first request
+    store, _ = open_store(settings.database_url)  # migrates the schema before the first request
     try:
         no_tokens = not any(t.revoked_at is None for t in store.tokens())
     finally:
@@ -74,13 +73,12 @@ def worker(
     database: Optional[str] = DatabaseOption,
 ) -> None:
     """Run job workers without the API: claim queued jobs and run them under a lease until stopped."""
-    from optico.pool.store import SqlStore
     from optico.redact import redact
     from optico.service.worker import WorkerPool
 
     settings = _settings(database)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    store = SqlStore(settings.database_url)
+    store, _ = open_store(settings.database_url)
     pool = WorkerPool(store, store.url, workers, policy=settings.lease, poll_s=settings.worker_poll_s)
     done = threading.Event()
 

@@ -307,7 +307,8 @@ def _history_figure(points: list[dict[str, Any]], ticks: list[dict[str, Any]]) -
 # -- what the pages fetch live --------------------------------------------------------------------
 
 @router.get("/ui/jobs/{job_id}/rows")
-def new_rows(job_id: JobIdPath, store: StoreDep, who: Viewer, after: Annotated[int, Query(ge=0, le=SQL_INT_MAX)] = 0) -> dict[str, Any]:
+def new_rows(job_id: JobIdPath, store: StoreDep, who: Viewer,
+             after: Annotated[int, Query(ge=0, le=SQL_INT_MAX)] = 0) -> dict[str, Any]:
     """Trial rows after index `after` (only what is new) and the job's status line."""
     job = _job_or_404(store, job_id)
     trials = store.trials(job_id)

@@ -33,7 +33,8 @@ def _start(after: int | None, last_event_id: str | None) -> int:
 
 @router.get("/{job_id}/events", response_class=EventSourceResponse)
 async def stream_events(request: Request, job: JobDep, store: StoreDep, settings: SettingsDep, _: ReadToken,
-                        after: Annotated[int | None, Query(ge=0, le=SQL_INT_MAX, description="Send events after this seq.")] = None,
+                        after: Annotated[int | None, Query(ge=0, le=SQL_INT_MAX,
+                                                           description="Send events after this seq.")] = None,
                         last_event_id: Annotated[str | None, Header(max_length=32)] = None,
                         ) -> AsyncIterator[ServerSentEvent]:
     """Follows the job live: state changes, trial starts and results, agent outputs, fallbacks."""

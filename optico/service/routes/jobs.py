@@ -91,7 +91,8 @@ def list_jobs(store: StoreDep, settings: SettingsDep, _: ReadToken,
               status_: Annotated[JobStatus | None, Query(alias="status")] = None,
               workload: Annotated[str | None, Query(max_length=64, description="A workload key.")] = None,
               name: Annotated[str | None, Query(max_length=255, description="A substring of the name.")] = None,
-              cursor: Annotated[int | None, Query(ge=1, le=SQL_INT_MAX, description="`next_cursor` of the previous page.")] = None,
+              cursor: Annotated[int | None, Query(ge=1, le=SQL_INT_MAX,
+                                                  description="`next_cursor` of the previous page.")] = None,
               limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> JobPage:
     """Jobs, newest first, filtered by status, workload and name; paginated with a cursor."""
     limit = min(limit, settings.page_max)
@@ -110,7 +111,8 @@ def get_job(job: JobDep, store: StoreDep, _: ReadToken) -> JobView:
 
 @router.get("/{job_id}/trials", response_model=list[TrialView], responses=ERRORS)
 def list_trials(job: JobDep, store: StoreDep, _: ReadToken,
-                after: Annotated[int, Query(ge=0, le=SQL_INT_MAX, description="Only trials with a larger index.")] = 0) -> list[TrialView]:
+                after: Annotated[int, Query(ge=0, le=SQL_INT_MAX, description="Only trials with a larger index.")] = 0,
+                ) -> list[TrialView]:
     """The job's trials after index `after`, in order (fetch only what is new)."""
     return [trial_view(t) for t in store.trials(job.id, after_index=after)]
 
