@@ -5,13 +5,13 @@ Two rules, enforced here in code (docs/benchmarks.md, "Calibration and test sepa
 1. **No test landscape replays a row its tuner was calibrated on.** A measured configuration is
    identified by (workload key, strategy signature), whichever file it sits in. Every calibration
    file the benchmark uses records the rows it was fitted on (`_meta.fitted_rows`); the shipped
-   calibration, fitted on every shared file and our H100 sweep (its `_meta.fitted_with`), gets its
-   rows from `SHIPPED_FITTED_ON`. `check_disjoint` refuses a replay landscape whose rows meet its
+   calibration, fitted on every published table and our H100 sweep (its `_meta.fitted_with`), gets
+   its rows from `shipped_fit_files()`. `check_disjoint` refuses a replay landscape whose rows meet its
    calibration's, and a replay landscape without a held-out calibration is refused. The held-out
    calibrations (`optico/bench/calibrations/without-<file>.json`) are fitted from the uncalibrated
    defaults — not from the shipped constants, which have seen every file — on all data files but the
-   landscape's own: `python -m optico.bench.separation --data ../shared/data/*.csv
-   benchmarks/data/h100-llama-1b.csv` rebuilds them.
+   landscape's own: `python -m optico.bench.separation --data
+   benchmarks/data/published/*.csv benchmarks/data/h100-llama-1b.csv` rebuilds them.
 
 2. **Test seeds are fresh, and drawn after the tuner's constants were frozen.** Development
    (tuning the residual prior, the acquisition's tie and health share, the stopping threshold) uses
@@ -35,9 +35,14 @@ from optico.perfmodel.constants import DEFAULT_CALIBRATION
 
 CALIBRATIONS = Path(__file__).with_name("calibrations")
 REPO_DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-# What the shipped calibration was fitted on (its _meta.fitted_with): every shared file and our sweep.
-SHIPPED_FITTED_ON: tuple[str, ...] = ("shared/data/*.csv", "benchmarks/data/h100-llama-1b.csv")
+# The published tables (the shared data set, shipped in the repository with its README).
+PUBLISHED_DATA = REPO_DATA / "published"
+
+
+def shipped_fit_files() -> list[Path]:
+    """What the shipped calibration was fitted on (its _meta.fitted_with): every published table and
+    our H100 sweep."""
+    return sorted(PUBLISHED_DATA.glob("*.csv")) + [REPO_DATA / "h100-llama-1b.csv"]
 
 DEV_LANDSCAPE_SEEDS: tuple[int, ...] = (0, 1, 2)
 # Drawn once the constants below were frozen; a new salt means new test landscapes.
@@ -69,7 +74,7 @@ def fitted_rows(calibration: str | None) -> frozenset[str] | None:
     if "fitted_rows" in meta:
         return frozenset(meta["fitted_rows"])
     if path.resolve() == DEFAULT_CALIBRATION.resolve():
-        files = sorted(SHARED_DATA.glob("*.csv")) + [REPO_DATA / "h100-llama-1b.csv"]
+        files = shipped_fit_files()
         if all(f.is_file() for f in files) and files[:-1]:
             return frozenset().union(*(file_rows(f) for f in files))
     return None

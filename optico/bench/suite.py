@@ -50,8 +50,8 @@ REPO_DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
 
 
 def real_files() -> list[Path]:
-    """Every real measurement table the repository and ../shared/data hold."""
-    files = sorted(separation.SHARED_DATA.glob("*.csv")) + sorted(REPO_DATA.glob("*.csv")) + [PACKAGED_REPLAY]
+    """Every real measurement table the repository holds: the published ones, ours, the packaged one."""
+    files = sorted(separation.PUBLISHED_DATA.glob("*.csv")) + sorted(REPO_DATA.glob("*.csv")) + [PACKAGED_REPLAY]
     return [f for f in files if f.is_file()]
 
 

@@ -1,5 +1,5 @@
 """The performance model's free constants: efficiencies and overheads that physics
-leaves open. Defaults ship in calibration.json (fitted on ../shared/data by
+leaves open. Defaults ship in calibration.json (fitted on benchmarks/data/published by
 `optico perfmodel calibrate`); a spec or OPTICO_CALIBRATION can point elsewhere."""
 
 from __future__ import annotations
