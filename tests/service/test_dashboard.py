@@ -98,17 +98,21 @@ class Page:
         self.context.close()
 
 
+def _points_js(chart: str, names: tuple[str, ...]) -> str:
+    """A script expression: the points of the chart's traces named `names`."""
+    return (f"document.getElementById({json.dumps(chart)}).data.filter(t => {json.dumps(list(names))}"
+            f".includes(t.name)).reduce((n, t) => n + t.x.length, 0)")
+
+
 def _points(page: Any, chart: str, names: tuple[str, ...]) -> int:
-    return page.evaluate(f"""() => document.getElementById("{chart}").data
-        .filter(t => {json.dumps(list(names))}.includes(t.name)).reduce((n, t) => n + t.x.length, 0)""")
+    return page.evaluate(f"() => {_points_js(chart, names)}")
 
 
 def _rows_and_points(page: Any, chart: str, names: tuple[str, ...]) -> tuple[int, int]:
     """The table's rows and the chart's points read in one script, so a live update cannot land
     between the two readings (the page's JavaScript appends a row and extends the chart together)."""
     return tuple(page.evaluate(f"""() => [document.querySelectorAll("#trials-table tbody tr").length,
-        document.getElementById("{chart}").data.filter(t => {json.dumps(list(names))}.includes(t.name))
-        .reduce((n, t) => n + t.x.length, 0)]"""))
+        {_points_js(chart, names)}]"""))
 
 
 MARKERS = ("above baseline", "below baseline", "failed")
