@@ -274,7 +274,7 @@ def generate(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
 
 
 def _converged(ctx: LoopContext, trials: list[Trial]) -> str | None:
-    """A stop reason once no untried configuration is expected to pay (optico.agents.stopping)."""
+    """A stop reason once the next launches are not expected to pay (optico.agents.stopping)."""
     return converged(ctx.model, ctx.guard, ctx.pool, trials, ctx.prior, ctx.spec.budget)
 
 

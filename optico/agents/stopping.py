@@ -1,12 +1,15 @@
-"""When to stop a job: once no untried configuration is expected to pay for its launch.
+"""When to stop a job: once the launches left are not expected to pay.
 
-The rule reads the same belief the acquisition ranks by (`optico.agents.acquisition`): for every
-configuration the guard would admit, the expected MFU gain over the incumbent under the residual
-model's uncertainty, times its chance of fitting. While some configuration is still expected to
-beat the incumbent by the job's `converge_tol` (a fraction of the incumbent's MFU), trials are
-likely to pay and the budget is spent; below it the job stops as converged. A layout far from
-every measurement keeps the model's full prior uncertainty, so it holds a job open until the
-trials around it have shown how far the model can be trusted there.
+The rule reads the same belief the acquisition ranks by (`optico.agents.acquisition`): the expected
+MFU gain over the incumbent under the residual model's uncertainty, times the chance of fitting —
+here of the best of the next few launches (`LOOKAHEAD`, or what the budget has left), not of one.
+While those launches are expected to beat the incumbent by the job's `converge_tol` (a fraction of
+the incumbent's MFU), trials are likely to pay and the budget is spent; below it the job stops as
+converged. One launch at a 20 % chance of a 5 % gain is worth little; ten such launches are worth a
+lot, which is why a single-launch rule stops too early where the model is roughly right on average
+but each configuration has its own error. A layout far from every measurement keeps the model's
+full prior uncertainty, so it holds a job open until the trials around it have shown how far the
+model can be trusted there.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from optico.perfmodel.online import JobModel
 from optico.spec import Budget
 from optico.strategy import Strategy
 from optico.trial import Trial, TrialStatus
+
+# How many launches ahead the stopping rule values (fewer when the budget has fewer left).
+LOOKAHEAD = 10
 
 
 def converged(model: JobModel, guard: Guard, pool: Sequence[Strategy], trials: list[Trial],
@@ -35,10 +41,13 @@ def converged(model: JobModel, guard: Guard, pool: Sequence[Strategy], trials: l
     if not admissible or best <= 0:
         return None  # the guard reports exhaustion
     if acquisition.POLICY.uncertainty:
-        top = max(acquisition.expected_gain(model, s, best) for s in admissible)
-        if top < budget.converge_tol * best:
-            return (f"converged: no untried configuration is expected to gain more than {top / best:.2%} over "
-                    f"the best ({best:.1%} MFU, smoothed) — below {budget.converge_tol:.1%}")
+        k = min(LOOKAHEAD, budget.max_trials - len(trials))
+        if k <= 0:
+            return None  # the budget itself ends the job
+        gain = acquisition.expected_gain_of_launches(model, admissible, best, k)
+        if gain < budget.converge_tol * best:
+            return (f"converged: the next {k} launches are expected to gain {gain / best:.2%} over the best "
+                    f"({best:.1%} MFU, smoothed) — below {budget.converge_tol:.1%}")
         return None
     top = max(model.expected_mfu(s) for s in admissible)
     if top < best * (1 + budget.converge_tol):

@@ -46,8 +46,8 @@ def shipped_fit_files() -> list[Path]:
 
 DEV_LANDSCAPE_SEEDS: tuple[int, ...] = (0, 1, 2)
 # Drawn once the constants below were frozen; a new salt means new test landscapes.
-TEST_SALT = "i13-test-2026-11-30-a"
-FROZEN_DIGEST = "b6f156824b794f3d"  # the constants' digest when TEST_SALT was drawn (frozen_digest())
+TEST_SALT = "i13-test-2026-11-24-b"  # drawn after the adaptive prior and the look-ahead stop were frozen
+FROZEN_DIGEST = "8fc327ad5d9b66d0"  # the constants' digest when TEST_SALT was drawn (frozen_digest())
 
 
 class LandscapeOverlap(ValueError):
@@ -136,13 +136,18 @@ def test_landscape_seed(index: int = 0) -> int:
 
 def frozen_digest() -> str:
     """A hash of every constant of the tuner that was tuned on development landscapes."""
-    from optico.agents import acquisition
-    from optico.perfmodel.residual import ResidualPrior
+    from optico.agents import acquisition, stopping
+    from optico.perfmodel import residual
+    from optico.perfmodel.online import MEMORY_PRIOR
     from optico.spec import Budget
 
     b = Budget()
-    frozen = {"prior": ResidualPrior().__dict__, "tie": acquisition.TIE, "health_share": acquisition.HEALTH_SHARE,
-              "converge_tol": b.converge_tol, "min_trials": b.min_trials}
+    frozen = {"prior": residual.ResidualPrior().__dict__, "tie": acquisition.TIE,
+              "health_share": acquisition.HEALTH_SHARE, "converge_tol": b.converge_tol, "min_trials": b.min_trials}
+    # Added with the prior's adaptation and the look-ahead stop (issue 13, second freeze).
+    frozen["adapt"] = {"scales": residual.SCALES, "from": residual.ADAPT_FROM,
+                       "hyperprior_sd": residual.SCALE_HYPERPRIOR_SD, "memory_prior": MEMORY_PRIOR.__dict__,
+                       "lookahead": stopping.LOOKAHEAD}
     return hashlib.sha256(json.dumps(frozen, sort_keys=True).encode()).hexdigest()[:16]
 
 

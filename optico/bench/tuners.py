@@ -199,6 +199,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "optico-no-health": {"policy": {"health_rules": False}},
     "optico-no-online": {"switches": {"online_correction": False}},
     "optico-no-guard": {"switches": {"oom_guard": False}},
+    "optico-fixed-prior": {"switches": {"adaptive_prior": False}},
     "optico-no-stop": {"policy": {"convergence_stop": False}},
     "optico-warm": {"warm": True},
 }

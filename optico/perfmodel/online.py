@@ -10,7 +10,7 @@ the memory posterior's spread, so a configuration near the limit and far from ev
 a risk, not a certainty.
 
 `SWITCHES` turns parts off for the benchmark's ablations (`optico bench --ablations`): the online
-correction, and the guard's memory prediction.
+correction, the guard's memory prediction, and the residual GPs' prior scaled to the job's errors.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class ModelSwitches:
 
     online_correction: bool = True  # re-fit to the job's trials (off: the model as calibrated)
     oom_guard: bool = True  # the guard may reject a configuration the model expects not to fit
+    adaptive_prior: bool = True  # the residual GPs scale their prior to the job's own errors
 
 
 SWITCHES = ModelSwitches()
@@ -102,8 +103,8 @@ class JobModel:
         self._codes: dict[str, dict] = {}  # per field: value -> small int
         self._vectors: dict[str, np.ndarray] = {}
         self._columns = np.arange(len(FIELDS))  # the fields the residual model reads
-        self._gp = ResidualGP(len(FIELDS), self.prior)
-        self._mem_gp = ResidualGP(len(FIELDS), MEMORY_PRIOR)
+        self._gp = ResidualGP(len(FIELDS), self.prior, adapt=SWITCHES.adaptive_prior)
+        self._mem_gp = ResidualGP(len(FIELDS), MEMORY_PRIOR, adapt=SWITCHES.adaptive_prior)
         self._mfu_measured: dict[str, float] = {}  # signature -> mean measured MFU (OK trials)
         self._measured_strategies: dict[str, Strategy] = {}
         self._corrected: dict[str, np.ndarray] = {}
@@ -121,8 +122,8 @@ class JobModel:
         if len(pool) > 1:
             varying = np.flatnonzero((self._pool_matrix != self._pool_matrix[0]).any(axis=0))
             self._columns = varying if len(varying) else np.arange(len(FIELDS))
-        self._gp = ResidualGP(len(self._columns), self.prior)
-        self._mem_gp = ResidualGP(len(self._columns), MEMORY_PRIOR)
+        self._gp = ResidualGP(len(self._columns), self.prior, adapt=SWITCHES.adaptive_prior)
+        self._mem_gp = ResidualGP(len(self._columns), MEMORY_PRIOR, adapt=SWITCHES.adaptive_prior)
         self._corrected = {}
 
     def base(self, s: Strategy) -> Prediction:

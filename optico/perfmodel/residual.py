@@ -22,13 +22,21 @@ says how wrong it may still be at an untried configuration, which is what the ac
 
 Prior variances are set from the model's error on real data (`optico perfmodel evaluate`: MFU off
 by ~9 % median, ~15 % at the tail) and were fixed on development landscapes before the benchmark's
-test seeds were drawn (docs/benchmarks.md, "Calibration and test separation").
+test seeds were drawn (docs/benchmarks.md, "Calibration and test separation"). They are a starting
+point, not a promise: once a job has `ADAPT_FROM` measurements, the GP scales the prior standard
+deviations (not the noise) by the factors in `SCALES` the job's own log errors make most likely
+(type-II maximum likelihood, with a log-normal hyperprior around 1), one factor for the smooth part
+(offset and main effects, shared by many configurations) and one for the rough part (pairs and the
+configuration's own residual). A workload the model describes well keeps the prior or shrinks it, and
+stops sooner; one with effects the model has no term for (a kernel slow for one shape, pairs of flags
+that interact) keeps the uncertainty those effects imply, so the acquisition goes on trying what the
+model cannot rule out and the job does not stop early.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from math import comb
+from dataclasses import dataclass, replace
+from math import comb, log, pi
 
 import numpy as np
 
@@ -48,6 +56,19 @@ class ResidualPrior:
         """Prior standard deviation at an untried configuration."""
         return float(np.sqrt(self.offset**2 + self.main**2 + self.pair**2 + self.config**2))
 
+    def scaled(self, smooth: float, rough: float) -> "ResidualPrior":
+        """Offset and main effects multiplied by `smooth`, pairs and the configuration's own residual
+        by `rough`; the run-to-run noise kept."""
+        return replace(self, offset=self.offset * smooth, main=self.main * smooth, pair=self.pair * rough,
+                       config=self.config * rough)
+
+
+# The factors a job's trials may scale each part of the prior by, the measurements needed before they
+# may, and the hyperprior's spread (log scale: a factor of 2 is one standard deviation from the prior).
+SCALES: tuple[float, ...] = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+ADAPT_FROM = 4
+SCALE_HYPERPRIOR_SD = log(2.0)
+
 
 class ResidualGP:
     """Posterior of the model's log error over a set of configurations (integer codes per knob).
@@ -57,30 +78,48 @@ class ResidualGP:
     never vary (every row equal) carry no information and are dropped by the caller via `columns`.
     """
 
-    def __init__(self, n_fields: int, prior: ResidualPrior | None = None):
-        self.prior = prior or ResidualPrior()
+    def __init__(self, n_fields: int, prior: ResidualPrior | None = None, adapt: bool = True):
+        self.base_prior = self.prior = prior or ResidualPrior()
+        self.adapt = adapt
+        self.scale = (1.0, 1.0)  # (smooth, rough) factors the last fit chose; 1 before `ADAPT_FROM` points
         self.F = max(1, n_fields)
         self._X = np.empty((0, self.F), dtype=np.int64)
         self._alpha = np.empty(0)
         self._chol: np.ndarray | None = None
 
-    def kernel(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    def kernel(self, A: np.ndarray, B: np.ndarray, prior: ResidualPrior | None = None) -> np.ndarray:
         """k(A_i, B_j) for every pair (len(A) x len(B))."""
-        p, F = self.prior, self.F
+        p, F = prior or self.prior, self.F
         m = (A[:, None, :] == B[None, :, :]).sum(axis=2).astype(float)
         pairs = m * (m - 1) / 2 / max(1, comb(F, 2))
         return (p.offset**2 + p.main**2 * m / F + p.pair**2 * pairs + p.config**2 * (m == F))
+
+    def _factor(self, X: np.ndarray, y: np.ndarray, prior: ResidualPrior) -> tuple[np.ndarray, np.ndarray, float]:
+        """(Cholesky factor, alpha, log marginal likelihood) of the observations under `prior`."""
+        K = self.kernel(X, X, prior) + (prior.noise**2 + 1e-9) * np.eye(len(y))
+        chol = np.linalg.cholesky(K)
+        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
+        lml = -0.5 * float(y @ alpha) - float(np.log(np.diag(chol)).sum()) - 0.5 * len(y) * log(2 * pi)
+        return chol, alpha, lml
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> "ResidualGP":
         X = np.asarray(X, dtype=np.int64).reshape(-1, self.F)
         y = np.asarray(y, dtype=float)
         self._X = X
+        self.prior, self.scale = self.base_prior, (1.0, 1.0)
         if not len(y):
             self._chol, self._alpha = None, np.empty(0)
             return self
-        K = self.kernel(X, X) + (self.prior.noise**2 + 1e-9) * np.eye(len(y))
-        self._chol = np.linalg.cholesky(K)
-        self._alpha = np.linalg.solve(self._chol.T, np.linalg.solve(self._chol, y))
+        grid = [(a, b) for a in SCALES for b in SCALES] if self.adapt and len(y) >= ADAPT_FROM else [(1.0, 1.0)]
+
+        def log_posterior(factors: tuple[float, float]) -> tuple[float, np.ndarray, np.ndarray]:
+            chol, alpha, lml = self._factor(X, y, self.base_prior.scaled(*factors))
+            return lml - 0.5 * sum((log(f) / SCALE_HYPERPRIOR_SD) ** 2 for f in factors), chol, alpha
+
+        fits = {f: log_posterior(f) for f in grid}
+        self.scale = max(fits, key=lambda f: fits[f][0])
+        _, self._chol, self._alpha = fits[self.scale]
+        self.prior = self.base_prior.scaled(*self.scale)
         return self
 
     @property

@@ -24,6 +24,33 @@ def test_residual_gp_learns_offset_main_effect_and_keeps_uncertainty():
     assert prior_mean[0] == 0 and prior_sd[0] == pytest.approx(ResidualPrior().total)
 
 
+def _random_configs(rng: np.random.Generator, n: int, fields: int = 5, values: int = 3) -> np.ndarray:
+    return np.unique(rng.integers(0, values, size=(n * 3, fields)), axis=0)[:n]
+
+
+@pytest.mark.parametrize("true_sd, expect", [(0.25, "wider"), (0.005, "narrower")])
+def test_residual_gp_scales_its_prior_to_the_errors_it_sees(true_sd, expect):
+    """Errors far larger than the prior assumed keep a wide posterior at untried configurations (the
+    job goes on exploring); errors far smaller let it shrink. Below ADAPT_FROM points it keeps the prior."""
+    from optico.perfmodel import residual
+
+    rng = np.random.default_rng(7)
+    X = _random_configs(rng, 12)
+    y = rng.normal(0.0, true_sd, len(X))  # per-configuration errors: no structure to learn
+    prior = ResidualPrior()
+    gp = ResidualGP(5, prior).fit(X, y)
+    fixed = ResidualGP(5, prior, adapt=False).fit(X, y)
+    untried = np.array([[9, 9, 9, 9, 9]])
+    sd, fixed_sd = gp.predict(untried)[1][0], fixed.predict(untried)[1][0]
+    assert fixed.scale == (1.0, 1.0) and fixed_sd < prior.total  # the offset is learnt even from noise
+    if expect == "wider":
+        assert gp.scale[1] > 1.0 and sd > 1.4 * fixed_sd  # the rough part: no structure
+    else:
+        assert max(gp.scale) < 1.0 and sd < 0.8 * fixed_sd
+    few = ResidualGP(5, prior).fit(X[: residual.ADAPT_FROM - 1], y[: residual.ADAPT_FROM - 1])
+    assert few.scale == (1.0, 1.0)
+
+
 def test_expected_improvement_matches_monte_carlo():
     rng = np.random.default_rng(1)
     mu, sd, best = math.log(0.5), 0.08, 0.52
@@ -39,3 +66,37 @@ def test_policy_switch_is_scoped():
     with acquisition.switched(uncertainty=False):
         assert not acquisition.POLICY.uncertainty
     assert acquisition.POLICY.uncertainty
+
+
+class _Belief:
+    """A job model stand-in for the acquisition's arithmetic: every configuration log-normal around
+    `mfu` with `sd`, fitting with probability `fit` (real strategies are not needed for the maths)."""
+
+    def __init__(self, mfu: float, sd: float, fit: float = 1.0):
+        self.mfu_, self.sd, self.fit = mfu, sd, fit
+
+    def base(self, s):
+        return type("P", (), {"mfu": self.mfu_})()
+
+    def log_error(self, s):
+        return 0.0, self.sd
+
+    def fit_probability(self, s):
+        return self.fit
+
+    def incumbent_mfu(self):
+        return 0.5
+
+
+def test_gain_of_several_launches_exceeds_one_and_matches_one_at_k1():
+    belief = _Belief(mfu=0.48, sd=0.06)
+    cands = [object() for _ in range(10)]
+    one = acquisition.expected_improvement(math.log(0.48), 0.06, 0.5)
+    k1 = acquisition.expected_gain_of_launches(belief, cands, 0.5, 1, draws=200_000)
+    k10 = acquisition.expected_gain_of_launches(belief, cands, 0.5, 10)
+    assert k1 == pytest.approx(one, rel=0.03)
+    assert k10 > 4 * k1  # ten independent chances of a gain are worth far more than one
+    # A configuration that does not fit measures nothing: half the chance, about half the gain.
+    half = acquisition.expected_gain_of_launches(_Belief(0.48, 0.06, fit=0.5), cands[:1], 0.5, 1, draws=200_000)
+    assert half == pytest.approx(one / 2, rel=0.05)
+    assert acquisition.expected_gain_of_launches(belief, cands, 0.5, 0) == 0.0
