@@ -20,6 +20,7 @@ argmax of the corrected model), the health rules (the paper's "answer the diagno
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -90,7 +91,7 @@ def expected_gain_of_launches(model: JobModel, candidates: Sequence[Strategy], b
     whether it fits). Monte Carlo with fixed random numbers, so the same belief gives the same
     answer. Independence overstates the gain of configurations the residual model ties together;
     the stopping rule looks a few launches ahead (`LOOKAHEAD`), not a whole budget, to keep that small."""
-    top = sorted(candidates, key=lambda s: expected_gain(model, s, best), reverse=True)[:max(0, k)]
+    top = heapq.nlargest(max(0, k), candidates, key=lambda s: expected_gain(model, s, best))
     if not top or best <= 0:
         return 0.0
     rng = np.random.default_rng(0)

@@ -103,8 +103,7 @@ class JobModel:
         self._codes: dict[str, dict] = {}  # per field: value -> small int
         self._vectors: dict[str, np.ndarray] = {}
         self._columns = np.arange(len(FIELDS))  # the fields the residual model reads
-        self._gp = ResidualGP(len(FIELDS), self.prior, adapt=SWITCHES.adaptive_prior)
-        self._mem_gp = ResidualGP(len(FIELDS), MEMORY_PRIOR, adapt=SWITCHES.adaptive_prior)
+        self._gp, self._mem_gp = self._residual_models(len(FIELDS))
         self._mfu_measured: dict[str, float] = {}  # signature -> mean measured MFU (OK trials)
         self._measured_strategies: dict[str, Strategy] = {}
         self._corrected: dict[str, np.ndarray] = {}
@@ -122,9 +121,13 @@ class JobModel:
         if len(pool) > 1:
             varying = np.flatnonzero((self._pool_matrix != self._pool_matrix[0]).any(axis=0))
             self._columns = varying if len(varying) else np.arange(len(FIELDS))
-        self._gp = ResidualGP(len(self._columns), self.prior, adapt=SWITCHES.adaptive_prior)
-        self._mem_gp = ResidualGP(len(self._columns), MEMORY_PRIOR, adapt=SWITCHES.adaptive_prior)
+        self._gp, self._mem_gp = self._residual_models(len(self._columns))
         self._corrected = {}
+
+    def _residual_models(self, n_fields: int) -> tuple[ResidualGP, ResidualGP]:
+        """Fresh residual GPs (MFU, memory) over `n_fields` knobs."""
+        adapt = SWITCHES.adaptive_prior
+        return ResidualGP(n_fields, self.prior, adapt=adapt), ResidualGP(n_fields, MEMORY_PRIOR, adapt=adapt)
 
     def base(self, s: Strategy) -> Prediction:
         sig = s.signature()
