@@ -70,7 +70,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
@@ -93,7 +93,7 @@ from optico.replay_cells import parse_precision as _parse_precision_cell
 from optico.replay_cells import parse_recompute as _parse_recompute_cell
 from optico.rules import violations
 from optico.strategy import Strategy
-from optico.workload import PRESETS, Cluster, ModelArch, Workload
+from optico.workload import PRESETS, AttentionBackend, Cluster, ModelArch, Workload
 
 Result = Literal["ok", "oom", "error"]
 
@@ -246,6 +246,15 @@ def _megatron_args(notes: str) -> dict[str, str] | None:
     if not found:
         return None
     return dict(re.findall(r"([a-z][a-z0-9-]*)=([^,;\s]+)", found.group(1)))
+
+
+def _attention_backend(args: dict[str, str] | None) -> AttentionBackend:
+    """The run's attention backend as its arguments state it ('auto', Megatron-LM's default, if not)."""
+    args = args or {}
+    if args.get("transformer-impl") == "local":
+        return "local"
+    backend = args.get("attention-backend", "auto")
+    return backend if backend in get_args(AttentionBackend) else "auto"
 
 
 def _note_int(notes: str, name: str) -> int | None:
@@ -421,7 +430,11 @@ def _build_model(p: _Parse, ints: dict[str, int | None], args: dict[str, str] | 
     return arch
 
 
-def _knob_args(args: dict[str, str]) -> dict[str, Any]:
+# The one flag whose value is not the knob's: layers per virtual stage, from which VPP follows.
+_LAYERS_PER_VIRTUAL_STAGE = "--num-layers-per-virtual-pipeline-stage"
+
+
+def _knob_args(args: dict[str, str], num_layers: int, pp: int | None) -> dict[str, Any]:
     """Knob values the notes' Megatron arguments state, read through the registry's flags."""
     out: dict[str, Any] = {}
     for k in KNOBS:
@@ -429,7 +442,11 @@ def _knob_args(args: dict[str, str]) -> dict[str, Any]:
             value = args.get(flag[2:])
             if value is None:
                 continue
-            if k.is_bool:
+            if flag == _LAYERS_PER_VIRTUAL_STAGE:
+                per_stage = int(value) if value.isdigit() else 0
+                if per_stage and pp and num_layers % (pp * per_stage) == 0:
+                    out[k.name] = num_layers // (pp * per_stage)
+            elif k.is_bool:
                 out[k.name] = _is_true(value) if flag != "--no-overlap-p2p-communication" else not _is_true(value)
             elif value.isdigit():
                 out[k.name] = int(value)
@@ -492,7 +509,7 @@ def _build_strategy(p: _Parse, ints: dict[str, int | None], args: dict[str, str]
         if ints[column]:
             data[key] = ints[column]
     if args:
-        data.update(_knob_args(args))
+        data.update(_knob_args(args, model.num_layers, ints["pp"]))
     if tp == 1:
         # Megatron-LM's validate_args turns SP off with a warning at TP 1, so such a run had none.
         data["sequence_parallel"] = False
@@ -602,7 +619,8 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
             if precision is not None and gpu_key in GPUS:
                 recipe = defaults.recipe_flags and _from_recipe(source)
                 workload = Workload(model=model, seq_length=seq, global_batch_size=gbs, precision=precision,
-                                    cluster=_cluster(gpu_key, world), grad_reduce_in_fp32=False if recipe else None)
+                                    cluster=_cluster(gpu_key, world), grad_reduce_in_fp32=False if recipe else None,
+                                    attention_backend=_attention_backend(args))
                 strategy = _uneven(p, workload, strategy)
     except (ValidationError, ValueError) as err:
         p.problems.append(f"inconsistent architecture or layout: {_first_error(err)}")

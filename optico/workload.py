@@ -16,6 +16,7 @@ from optico.gpus import GPUS, GpuSpec, Precision, normalize_gpu_name
 # (Megatron's --hybrid-override-pattern: M Mamba, * attention, - MLP, E MoE).
 Mixer = Literal["attention", "mla", "mamba"]
 Mlp = Literal["dense", "moe"]
+AttentionBackend = Literal["auto", "flash", "fused", "unfused", "local"]
 LayerKind = tuple["Mixer | None", "Mlp | None"]
 _HYBRID = {"M": ("mamba", None), "*": ("attention", None), "-": (None, "dense"), "E": (None, "moe")}
 # Fields added after the first workload-key schema: left out of `Workload.key` at their default, so
@@ -345,6 +346,9 @@ class Workload(BaseModel):
         None, description="Gradient buffers (accumulation and DP reduction) in fp32. None = Megatron-LM's rule: "
                           "fp32 for bf16/fp8, the parameter dtype for fp16 (--accumulate-allreduce-grads-in-fp32). "
                           "NeMo and Megatron-Bridge performance recipes set it False.")
+    attention_backend: AttentionBackend = Field(
+        "auto", description="Megatron-LM's --attention-backend; 'local' also stands for --transformer-impl local. "
+                            "'unfused' and 'local' keep the s² attention scores in memory; the others do not.")
     cluster: Cluster
     framework: Framework = Framework()
 
@@ -357,6 +361,11 @@ class Workload(BaseModel):
         return self.cluster.spec.peak(self.precision)
 
     @property
+    def stores_attention_scores(self) -> bool:
+        """Unfused core attention keeps QKᵀ, its softmax and the dropout mask for the backward."""
+        return self.attention_backend in ("unfused", "local")
+
+    @property
     def grads_in_fp32(self) -> bool:
         """Whether gradient buffers are fp32 (4 B/param) rather than the 2-byte parameter dtype."""
         return self.precision != "fp16" if self.grad_reduce_in_fp32 is None else self.grad_reduce_in_fp32
@@ -364,8 +373,9 @@ class Workload(BaseModel):
     def key(self) -> str:
         """Identity for warm starts: jobs with the same key share what they learned."""
         payload = self.model_dump(mode="json", exclude={"framework": True, "model": {"name"}})
-        if payload["grad_reduce_in_fp32"] is None:
-            del payload["grad_reduce_in_fp32"]  # the default: keys of earlier pools stay valid
+        for name in ("grad_reduce_in_fp32", "attention_backend"):
+            if payload[name] == Workload.model_fields[name].default:
+                del payload[name]  # the default: keys of earlier pools stay valid
         for name in _KEY_V1_OMIT_AT_DEFAULT:  # likewise for architecture fields added later
             if payload["model"][name] == ModelArch.model_fields[name].default:
                 del payload["model"][name]

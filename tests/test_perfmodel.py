@@ -142,6 +142,54 @@ def test_gradient_buffer_dtype_follows_megatron_lm_unless_the_workload_says():
                                                                          "grad_reduce_in_fp32": True}).key()
 
 
+@pytest.mark.parametrize("pp, vpp", [(2, 1), (4, 1), (4, 2), (4, 3), (8, 4), (3, 5)])
+@pytest.mark.parametrize("microbatches", [1, 3, 8, 64])
+@pytest.mark.parametrize("ep_overlap", [False, True])
+def test_in_flight_micro_batches_are_megatron_cores_warm_up(pp, vpp, microbatches, ep_overlap):
+    """Each stage holds megatron-core's warm-up forwards plus the one in steady state (in chunks of
+    1/VPP of the stage), as its own scheduler counts them; the fitted extra set to 0."""
+    from types import SimpleNamespace
+
+    from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches
+
+    from optico.perfmodel.constants import Constants
+    from optico.perfmodel.layout import layout
+
+    moe = Workload(**{**W.model_dump(), "model": PRESETS["mixtral-8x7b"],
+                      "cluster": Cluster(gpu="h100-sxm", nodes=4), "global_batch_size": 256})
+    s = strategy_from_mapping({"tp": 1, "pp": pp, "vpp": vpp, "ep": 2, "mbs": 1,
+                               "overlap_moe_expert_parallel_comm": ep_overlap})
+    dp = moe.world_size // pp
+    moe = Workload(**{**moe.model_dump(), "global_batch_size": microbatches * dp})
+    lay = layout(moe, s, Constants(pp_extra_in_flight=0.0))
+    for rank in range(pp):
+        group = SimpleNamespace(size=lambda: pp, rank=lambda r=rank: r)
+        comm = SimpleNamespace(pp_group=group, virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+        total, _, warmup, _ = get_pp_rank_microbatches(microbatches, vpp, pp, p2p_communicator=comm,
+                                                       overlap_moe_expert_parallel_comm=ep_overlap and vpp > 1)
+        assert lay.in_flight[rank] == pytest.approx(min(warmup + 1, total) / vpp), rank
+
+
+def test_unfused_attention_keeps_the_scores_selective_recompute_drops():
+    """Korthikanti et al.: unfused core attention stores 5·a·s²·b bytes per layer (over TP)."""
+    def activations(backend: str, **kw) -> float:
+        return predict(Workload(**{**W.model_dump(), "attention_backend": backend}), S(tp=4, **kw)).memory.activations_gib
+
+    from optico.perfmodel.constants import load_constants
+
+    c = load_constants()
+    held_layers = 32 + 1  # PP 1: one micro-batch of 32 layers in flight, and the layer in backward
+    per_layer = 5 * 8192 * 8192 * 32 / 4  # 32 heads over TP 4
+    scores = per_layer * held_layers * c.activation_scale * (1 + c.mem_fragmentation) / 1024**3
+    for backend in ("unfused", "local"):
+        assert activations(backend) - activations("flash") == pytest.approx(scores, rel=0.01)
+    assert activations("fused") == activations("auto") == activations("flash")
+    assert activations("unfused", recompute_granularity="selective") == \
+        pytest.approx(activations("flash", recompute_granularity="selective"))
+    assert "attention_backend" not in W.key() and \
+        W.key() != Workload(**{**W.model_dump(), "attention_backend": "unfused"}).key()
+
+
 def test_calibrate_recovers_a_deliberately_wrong_constant():
     """Start with activation memory halved: the fit moves it back and memory error drops."""
     from optico.perfmodel.calibrate import calibrate

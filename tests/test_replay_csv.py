@@ -252,6 +252,21 @@ def test_recipe_rows_reduce_gradients_in_bf16(tmp_path: Path) -> None:
 def test_vpp(tmp_path: Path) -> None:
     assert one(tmp_path, pp="2", vpp="1").strategy.virtual_pipeline_model_parallel_size is None
     assert one(tmp_path, pp="2", vpp="4", gbs="256").strategy.vpp == 4
+    # --num-layers-per-virtual-pipeline-stage states layers per chunk, not chunks: 32 / (2·4) = 4.
+    old_flag = one(tmp_path, pp="2", vpp="", gbs="256", notes="args: num-layers-per-virtual-pipeline-stage=4")
+    assert old_flag.strategy.vpp == 4, old_flag.skip_reason
+    assert one(tmp_path, pp="2", vpp="", gbs="256",
+               notes="args: num-virtual-stages-per-pipeline-rank=2").strategy.vpp == 2
+
+
+def test_attention_backend_from_args(tmp_path: Path) -> None:
+    def backend(notes: str) -> str:
+        return one(tmp_path, model="gpt/x", vocab_size="50257", notes=notes).workload.attention_backend
+
+    assert backend("") == "auto" and backend("args: attention-backend=flash") == "flash"
+    assert backend("args: attention-backend=unfused") == "unfused"
+    assert backend("args: transformer-impl=local, attention-backend=flash") == "local"
+    assert backend("args: attention-backend=<script>") == "auto"
 
 
 @pytest.mark.parametrize("cells, swiglu", [

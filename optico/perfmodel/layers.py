@@ -222,7 +222,7 @@ def layer_costs(w: Workload, s: Strategy, lay: Layout, c: Constants, kinds: set[
 
 def activation_bytes(w: Workload, s: Strategy, lay: Layout, c: Constants, kind: LayerKind) -> tuple[float, float]:
     """(stored bytes of one layer of `kind`, bytes of the input kept by full recompute) per micro-batch,
-    after Korthikanti et al. 2022 with flash attention (no s² scores)."""
+    after Korthikanti et al. 2022; s² scores only where the attention backend is unfused."""
     m, t, T, h = w.model, lay.tp, lay.tokens, w.model.hidden_size
     sp = t if s.sequence_parallel else 1
     mixer, mlp = kind
@@ -254,6 +254,10 @@ def activation_bytes(w: Workload, s: Strategy, lay: Layout, c: Constants, kind: 
         stored += norm_and_residual + routed * (2.0 * h + gate * m.expert_ffn) / t + 4.0 * T * m.num_experts / sp
         if m.moe_shared_expert_intermediate_size:
             stored += gate * T * m.moe_shared_expert_intermediate_size / t
+    if w.stores_attention_scores and mixer in ("attention", "mla"):
+        # Korthikanti et al.'s 5·a·s²·b: scores and softmax (2 B each), dropout mask (1 B); what
+        # selective recompute exists to drop.
+        dropped_by_selective += 5.0 * T * (w.seq_length // s.cp) * n / t
     if s.recompute_granularity != "selective":
         stored += dropped_by_selective
     return stored * c.activation_scale, 2.0 * T * h / sp  # full recompute keeps each layer's input

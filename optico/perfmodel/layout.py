@@ -40,16 +40,23 @@ class Layout:
     pp_bw: float
     etp: int = 1
     expert_dp: int = 1
+    extra_warmup: int = 0  # chunk forwards megatron-core adds to the interleaved warm-up (EP overlap: 1)
     stage_kinds: list[Counter] = field(default_factory=list)  # per stage: layer kind -> count (MTP included)
 
     @property
     def in_flight(self) -> list[float]:
-        """Micro-batches whose activations each stage holds at its peak (1F1B / interleaved)."""
+        """Micro-batches whose activations each stage holds at its peak (1F1B / interleaved).
+
+        Interleaved, megatron-core's schedule has rank i run 2·(PP−1−i) + (VPP−1)·PP chunk
+        forwards in warm-up, plus one in steady state, each a 1/VPP share of the stage's layers
+        (on the first stage this is Korthikanti et al.'s PP·(1 + (PP−1)/(PP·VPP)))."""
         out = []
         for i in range(self.pp):
-            k = float(self.pp - i) + (self.extra_in_flight if self.pp > 1 else 0.0)
             if self.vpp > 1:
-                k += (self.pp - 1 - i) / self.vpp
+                k = (2 * (self.pp - 1 - i) + (self.vpp - 1) * self.pp + self.extra_warmup + 1) / self.vpp
+            else:
+                k = float(self.pp - i)
+            k += self.extra_in_flight if self.pp > 1 else 0.0
             out.append(min(k, float(self.microbatches)))
         return out
 
@@ -94,4 +101,5 @@ def layout(w: Workload, s: Strategy, c: Constants) -> Layout:
         # Adjacent pipeline stages sit TP·CP·DP ranks apart: another node once that fills one.
         pp_bw=_link_bw(w, c, 2 if world <= gpn or s.tp * s.cp * dp < gpn else gpn + 1),
         etp=etp, expert_dp=max(1, world // (etp * s.ep * s.pp)), stage_kinds=_stage_kinds(w, dims),
+        extra_warmup=int(s.overlap_moe_expert_parallel_comm),
     )
