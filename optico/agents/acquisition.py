@@ -6,7 +6,7 @@ model, with the residual model's standard deviation. A configuration is worth a 
 it is expected to beat the incumbent (the best measured configuration, smoothed by the same
 posterior), times the chance it fits in memory:
 
-    gain(x) = P(fit x) · E[max(0, MFU(x) - best)]
+    gain(x) = P(fit x) · E[max(0, MFU(x) - best)]     (0 when P(fit x) < MIN_FIT_CHANCE)
 
 (for log MFU ~ N(mu, sd^2): exp(mu + sd^2/2)·Phi(d + sd) - best·Phi(d), d = (mu - log best)/sd).
 Near the incumbent and far from every measurement the standard deviation is large, so a layout the
@@ -36,6 +36,10 @@ TIE = 5e-4
 # A move that answers the diagnosed health state goes first when its score is at least this share
 # of the best score (a rule must not hide a clearly better move).
 HEALTH_SHARE = 0.75
+# A launch must be more likely to fit than not. Expected gain already weighs the chance of fitting,
+# but on its own it tries long shots whose gain, if they fit, is large: on the development
+# landscapes they were a failed launch nine times in ten, and failed launches count against a tuner.
+MIN_FIT_CHANCE = 0.5
 
 
 @dataclass(frozen=True)
@@ -79,9 +83,12 @@ def expected_improvement(mu: float, sd: float, best: float) -> float:
 def expected_gain(model: JobModel, s: Strategy, best: float | None = None) -> float:
     """P(fit) times the expected MFU improvement of `s` over `best` (default: the incumbent)."""
     best = model.incumbent_mfu() if best is None else best
+    fit = model.fit_probability(s)
+    if fit < MIN_FIT_CHANCE:
+        return 0.0
     mean, sd = model.log_error(s)
     mu = math.log(model.base(s).mfu) + mean
-    return model.fit_probability(s) * expected_improvement(mu, sd, best)
+    return fit * expected_improvement(mu, sd, best)
 
 
 def expected_gain_of_launches(model: JobModel, candidates: Sequence[Strategy], best: float, k: int,
@@ -91,7 +98,8 @@ def expected_gain_of_launches(model: JobModel, candidates: Sequence[Strategy], b
     whether it fits). Monte Carlo with fixed random numbers, so the same belief gives the same
     answer. Independence overstates the gain of configurations the residual model ties together;
     the stopping rule looks a few launches ahead (`LOOKAHEAD`), not a whole budget, to keep that small."""
-    top = heapq.nlargest(max(0, k), candidates, key=lambda s: expected_gain(model, s, best))
+    launchable = [c for c in candidates if model.fit_probability(c) >= MIN_FIT_CHANCE]
+    top = heapq.nlargest(max(0, k), launchable, key=lambda s: expected_gain(model, s, best))
     if not top or best <= 0:
         return 0.0
     rng = np.random.default_rng(0)

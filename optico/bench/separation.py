@@ -46,8 +46,8 @@ def shipped_fit_files() -> list[Path]:
 
 DEV_LANDSCAPE_SEEDS: tuple[int, ...] = (0, 1, 2)
 # Drawn once the constants below were frozen; a new salt means new test landscapes.
-TEST_SALT = "i13-test-2026-11-24-b"  # drawn after the adaptive prior and the look-ahead stop were frozen
-FROZEN_DIGEST = "8fc327ad5d9b66d0"  # the constants' digest when TEST_SALT was drawn (frozen_digest())
+TEST_SALT = "i13-test-2026-11-24-c"  # drawn after the fit floor (third freeze) was frozen
+FROZEN_DIGEST = "8abcd8c2f5964b86"  # the constants' digest when TEST_SALT was drawn (frozen_digest())
 
 
 class LandscapeOverlap(ValueError):
@@ -148,6 +148,8 @@ def frozen_digest() -> str:
     frozen["adapt"] = {"scales": residual.SCALES, "from": residual.ADAPT_FROM,
                        "hyperprior_sd": residual.SCALE_HYPERPRIOR_SD, "memory_prior": MEMORY_PRIOR.__dict__,
                        "lookahead": stopping.LOOKAHEAD}
+    # Added with the fit floor and the memory correction that may not reassure (issue 13, third freeze).
+    frozen["fit"] = {"min_fit_chance": acquisition.MIN_FIT_CHANCE, "no_reassurance_beyond_measured": True}
     return hashlib.sha256(json.dumps(frozen, sort_keys=True).encode()).hexdigest()[:16]
 
 

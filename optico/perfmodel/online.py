@@ -106,6 +106,7 @@ class JobModel:
         self._gp, self._mem_gp = self._residual_models(len(FIELDS))
         self._mfu_measured: dict[str, float] = {}  # signature -> mean measured MFU (OK trials)
         self._measured_strategies: dict[str, Strategy] = {}
+        self._largest_measured_gib = 0.0  # the model's memory for the largest configuration measured
         self._corrected: dict[str, np.ndarray] = {}
         self._pool_index: dict[str, int] = {}
         self._pool: list[Strategy] = []
@@ -152,6 +153,7 @@ class JobModel:
         strategies: dict[str, Strategy] = {}
         mem: dict[str, list[float]] = {}
         limit = self.workload.cluster.spec.memory_gib
+        largest = 0.0
         for t in trials:
             base = self.base(t.strategy)
             strategies.setdefault(t.signature, t.strategy)
@@ -159,6 +161,7 @@ class JobModel:
                 mfu.setdefault(t.signature, []).append(t.metrics.mfu)
                 if t.metrics.mem_max_gib:
                     mem.setdefault(t.signature, []).append(math.log(t.metrics.mem_max_gib / base.mem_gib))
+                    largest = max(largest, base.mem_gib)
             elif t.failure and t.failure.category == FailureCategory.OOM:
                 mem.setdefault(t.signature, []).append(max(0.0, math.log(1.02 * limit / base.mem_gib)))
         # A configuration measured twice is one point with less noise; the GP sees the mean.
@@ -168,6 +171,7 @@ class JobModel:
                                                                  self.base(strategies[sig]).mfu)]
                                                      for sig in mfu}))
         self._mem_gp.fit(*self._points(strategies, mem))
+        self._largest_measured_gib = largest
         self._corrected = {}
 
     def _points(self, strategies: dict[str, Strategy], values: dict[str, list[float]]
@@ -224,9 +228,16 @@ class JobModel:
         return self.workload.cluster.spec.memory_gib
 
     def fit_probability(self, s: Strategy) -> float:
-        """Chance the run fits in memory under the memory posterior (plus run-to-run spread)."""
+        """Chance the run fits in memory under the memory posterior (plus run-to-run spread); for a
+        configuration larger than any measured, the posterior may only raise its memory."""
         mean, sd = self.mem_log_error(s)
-        margin = math.log(self.limit_gib / self.base(s).mem_gib) - mean
+        base = self.base(s).mem_gib
+        if base > self._largest_measured_gib:
+            # Beyond every configuration measured, a correction may warn but not reassure: memory
+            # errors are not one ratio across sizes (fixed overheads, per-layer terms), and a ratio
+            # learned on smaller configurations promises larger ones a fit they may not have.
+            mean = max(mean, 0.0)
+        margin = math.log(self.limit_gib / base) - mean
         return 0.5 * (1.0 + math.erf(margin / (math.sqrt(sd * sd + FIT_NOISE**2) * math.sqrt(2.0))))
 
     def expected_mfu(self, s: Strategy) -> float:

@@ -100,3 +100,55 @@ def test_gain_of_several_launches_exceeds_one_and_matches_one_at_k1():
     half = acquisition.expected_gain_of_launches(_Belief(0.48, 0.06, fit=0.5), cands[:1], 0.5, 1, draws=200_000)
     assert half == pytest.approx(one / 2, rel=0.05)
     assert acquisition.expected_gain_of_launches(belief, cands, 0.5, 0) == 0.0
+
+
+def test_a_launch_less_likely_to_fit_than_not_is_worth_nothing():
+    """Expected gain alone tries long shots; below even odds of fitting a launch is not worth a trial,
+    and the stop does not count on it either."""
+    cands = [object() for _ in range(5)]
+    for fit, worth in ((acquisition.MIN_FIT_CHANCE - 0.1, False), (acquisition.MIN_FIT_CHANCE + 0.1, True)):
+        belief = _Belief(0.6, 0.06, fit=fit)  # far above the incumbent (0.5): a large gain if it fits
+        assert (acquisition.expected_gain(belief, cands[0]) > 0) is worth
+        assert (acquisition.expected_gain_of_launches(belief, cands, 0.5, 3) > 0) is worth
+
+
+def test_memory_correction_does_not_reassure_beyond_the_largest_configuration_measured():
+    """Runs that used less memory than predicted lower the expected memory everywhere, but the chance
+    of fitting a configuration larger than any measured reads the model's own memory (and the
+    posterior's spread): a ratio learned on small configurations does not promise large ones a fit."""
+    from optico.perfmodel.online import FIT_NOISE, JobModel
+    from optico.strategy import strategy_from_mapping
+    from optico.trial import Metrics, Trial, TrialStatus
+    from optico.workload import PRESETS, Cluster, Workload
+
+    w = Workload(model=PRESETS["llama3-8b"], seq_length=8192, global_batch_size=512, precision="bf16",
+                 cluster=Cluster(gpu="a100-80gb"))
+
+    def s(**kw):
+        return strategy_from_mapping({"distributed_optimizer": True, **kw})
+
+    model = JobModel(w)
+    small, largest = s(tp=4), s(tp=2, sp=True, mbs=2)  # measured
+    mid, large = s(tp=1, pp=2), s(tp=2, mbs=2)  # not: one below the largest measured, one above
+    assert model.base(small).mem_gib < model.base(mid).mem_gib < model.base(largest).mem_gib \
+        < model.base(large).mem_gib
+    trials = []
+    for i, measured in enumerate((small, largest), start=1):
+        mem = 0.8 * model.base(measured).mem_gib  # both used a fifth less than predicted
+        trials.append(Trial(id=i, job_id=1, index=i, strategy=measured, signature=measured.signature(),
+                            status=TrialStatus.OK,
+                            metrics=Metrics(step_time_s=1.0, tflops_per_gpu=150.0, mfu=0.5, tokens_per_s_per_gpu=1.0,
+                                            mem_max_gib=mem, mem_limit_gib=model.limit_gib)))
+    model.observe(trials)
+
+    def chance(x, corrected: bool) -> float:
+        mean, sd = model.mem_log_error(x)
+        margin = math.log(model.limit_gib / model.base(x).mem_gib) - (mean if corrected else 0.0)
+        return 0.5 * (1.0 + math.erf(margin / (math.sqrt(sd * sd + FIT_NOISE**2) * math.sqrt(2.0))))
+
+    assert model.mem_gib(large) < 0.95 * model.base(large).mem_gib  # the correction lowers it ...
+    assert chance(large, corrected=True) > chance(large, corrected=False) + 0.05
+    assert model.fit_probability(large) == pytest.approx(chance(large, corrected=False))  # ... but promises nothing
+    assert chance(mid, corrected=False) < 0.99
+    assert model.fit_probability(mid) == pytest.approx(chance(mid, corrected=True))  # within measured sizes it counts
+    assert model.fit_probability(mid) > chance(mid, corrected=False) + 0.005
