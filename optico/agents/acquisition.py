@@ -80,15 +80,20 @@ def expected_improvement(mu: float, sd: float, best: float) -> float:
     return max(0.0, math.exp(mu + sd * sd / 2) * _phi(d + sd) - best * _phi(d))
 
 
+def _belief(model: JobModel, s: Strategy) -> tuple[float, float, float]:
+    """(mean, standard deviation) of log MFU at `s` under the job model, and its chance of fitting."""
+    mean, sd = model.log_error(s)
+    return math.log(model.base(s).mfu) + mean, sd, model.fit_probability(s)
+
+
+def _gain(mu: float, sd: float, fit: float, best: float) -> float:
+    return fit * expected_improvement(mu, sd, best) if fit >= MIN_FIT_CHANCE else 0.0
+
+
 def expected_gain(model: JobModel, s: Strategy, best: float | None = None) -> float:
     """P(fit) times the expected MFU improvement of `s` over `best` (default: the incumbent)."""
     best = model.incumbent_mfu() if best is None else best
-    fit = model.fit_probability(s)
-    if fit < MIN_FIT_CHANCE:
-        return 0.0
-    mean, sd = model.log_error(s)
-    mu = math.log(model.base(s).mfu) + mean
-    return fit * expected_improvement(mu, sd, best)
+    return _gain(*_belief(model, s), best)
 
 
 def expected_gain_of_launches(model: JobModel, candidates: Sequence[Strategy], best: float, k: int,
@@ -98,14 +103,12 @@ def expected_gain_of_launches(model: JobModel, candidates: Sequence[Strategy], b
     whether it fits). Monte Carlo with fixed random numbers, so the same belief gives the same
     answer. Independence overstates the gain of configurations the residual model ties together;
     the stopping rule looks a few launches ahead (`LOOKAHEAD`), not a whole budget, to keep that small."""
-    launchable = [c for c in candidates if model.fit_probability(c) >= MIN_FIT_CHANCE]
-    top = heapq.nlargest(max(0, k), launchable, key=lambda s: expected_gain(model, s, best))
+    beliefs = [b for b in (_belief(model, c) for c in candidates) if b[2] >= MIN_FIT_CHANCE]
+    top = heapq.nlargest(max(0, k), beliefs, key=lambda b: _gain(*b, best))
     if not top or best <= 0:
         return 0.0
     rng = np.random.default_rng(0)
-    mu = np.array([math.log(model.base(s).mfu) + model.log_error(s)[0] for s in top])
-    sd = np.array([model.log_error(s)[1] for s in top])
-    fits = np.array([model.fit_probability(s) for s in top])
+    mu, sd, fits = (np.array(column) for column in zip(*top))
     mfu = np.exp(mu + sd * rng.standard_normal((draws, len(top)))) * (rng.random((draws, len(top))) < fits)
     return float(np.maximum(mfu.max(axis=1) - best, 0.0).mean())
 

@@ -87,16 +87,25 @@ class ResidualGP:
         self._alpha = np.empty(0)
         self._chol: np.ndarray | None = None
 
-    def kernel(self, A: np.ndarray, B: np.ndarray, prior: ResidualPrior | None = None) -> np.ndarray:
-        """k(A_i, B_j) for every pair (len(A) x len(B))."""
+    @staticmethod
+    def agreements(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+        """m(A_i, B_j): on how many knobs each pair of configurations agrees (len(A) x len(B))."""
+        return (A[:, None, :] == B[None, :, :]).sum(axis=2).astype(float)
+
+    def kernel_of(self, m: np.ndarray, prior: ResidualPrior | None = None) -> np.ndarray:
+        """k from the agreement counts `m` (see the module docstring)."""
         p, F = prior or self.prior, self.F
-        m = (A[:, None, :] == B[None, :, :]).sum(axis=2).astype(float)
         pairs = m * (m - 1) / 2 / max(1, comb(F, 2))
         return (p.offset**2 + p.main**2 * m / F + p.pair**2 * pairs + p.config**2 * (m == F))
 
-    def _factor(self, X: np.ndarray, y: np.ndarray, prior: ResidualPrior) -> tuple[np.ndarray, np.ndarray, float]:
-        """(Cholesky factor, alpha, log marginal likelihood) of the observations under `prior`."""
-        K = self.kernel(X, X, prior) + (prior.noise**2 + 1e-9) * np.eye(len(y))
+    def kernel(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+        """k(A_i, B_j) for every pair (len(A) x len(B))."""
+        return self.kernel_of(self.agreements(A, B))
+
+    def _factor(self, m: np.ndarray, y: np.ndarray, prior: ResidualPrior) -> tuple[np.ndarray, np.ndarray, float]:
+        """(Cholesky factor, alpha, log marginal likelihood) of the observations (agreements `m`) under
+        `prior`."""
+        K = self.kernel_of(m, prior) + (prior.noise**2 + 1e-9) * np.eye(len(y))
         chol = np.linalg.cholesky(K)
         alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
         lml = -0.5 * float(y @ alpha) - float(np.log(np.diag(chol)).sum()) - 0.5 * len(y) * log(2 * pi)
@@ -111,9 +120,10 @@ class ResidualGP:
             self._chol, self._alpha = None, np.empty(0)
             return self
         grid = [(a, b) for a in SCALES for b in SCALES] if self.adapt and len(y) >= ADAPT_FROM else [(1.0, 1.0)]
+        m = self.agreements(X, X)  # the same for every factor tried
 
         def log_posterior(factors: tuple[float, float]) -> tuple[float, np.ndarray, np.ndarray]:
-            chol, alpha, lml = self._factor(X, y, self.base_prior.scaled(*factors))
+            chol, alpha, lml = self._factor(m, y, self.base_prior.scaled(*factors))
             return lml - 0.5 * sum((log(f) / SCALE_HYPERPRIOR_SD) ** 2 for f in factors), chol, alpha
 
         fits = {f: log_posterior(f) for f in grid}
