@@ -148,9 +148,20 @@ class ParallelDims:
         out = [per] * pp
         out[0] -= int(self.embedding_in_split)
         out[-1] -= int(self.loss_in_split)
-        if sum(out) != num_layers:  # an invalid split: keep the count right for estimates
-            out[-1] += num_layers - sum(out)
+        if sum(out) != num_layers:
+            return self._balanced(num_layers)
         return [max(0, n) for n in out]
+
+    def _balanced(self, num_layers: int) -> list[int]:
+        """An invalid split read from a run that used a custom layout (--pipeline-model-parallel-layout):
+        approximated as such layouts are written, as even as the count allows, with the extra layers
+        on middle stages (the ends also hold the embedding and the loss)."""
+        per, extra = divmod(num_layers, self.pp)
+        order = list(range(1, self.pp - 1)) + [0, self.pp - 1]
+        out = [per] * self.pp
+        for stage in order[:extra]:
+            out[stage] += 1
+        return out
 
     def stage_layer_indices(self, num_layers: int) -> list[list[int]]:
         """The model's layer indices each stage builds, in order: contiguous blocks, or with VPP the

@@ -53,7 +53,8 @@ Rules that are decisions rather than parsing, in one place:
   num_gpus / (TP·PP·CP), never used otherwise. A 'true' SP cell at TP 1 reads as no SP
   (Megatron-LM turns it off there). The row must then pass `optico.rules.violations`; each
   broken rule is quoted in the skip reason. A split no first/last pair can express (Megatron's
-  --pipeline-model-parallel-layout) is read with stage sizes approximated, and says so.
+  --pipeline-model-parallel-layout) is read with stage sizes approximated (as even as the count
+  allows, as such layouts are written), and says so.
 - Notes that carry "args: name=value, ..." add what they state: any knob flag of the
   registry (`optico.knobs`), kv-channels, untied embeddings, shared-expert size.
 - Skipped, with the reason: no architecture (no dimensions and no preset), an unknown GPU,

@@ -247,6 +247,11 @@ PRESETS: dict[str, ModelArch] = {
         _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, num_experts=8, moe_router_topk=2),
         _llama("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936, kv_channels=128,
                num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=1536),
+        # OpenAI's gpt-oss (HF configs): head dim 64 (not hidden/heads), every layer MoE, top-4; its
+        # banded-window attention on every second layer and attention sinks are not modelled.
+        _llama("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, kv_channels=64, num_experts=128,
+               moe_router_topk=4),
+        _llama("gpt-oss-20b", 24, 2880, 64, 8, 2880, 201088, kv_channels=64, num_experts=32, moe_router_topk=4),
         # xAI's Grok-1 release config: 64 layers, 8 experts top-2, gated expert FFN 32768 (GeGLU).
         _llama("grok-1", 64, 6144, 48, 8, 32768, 131072, num_experts=8, moe_router_topk=2),
         # Llama 4 Maverick (HF config): MoE on every second layer, 128 experts top-1 plus a shared expert.

@@ -256,3 +256,46 @@ def test_leave_one_source_out_scores_each_file_with_constants_fitted_without_it(
     both = calibrate(files, start=Constants(), fields=["mem_overhead_gib"], max_nfev=3).constants
     held_out = {name: c["mem_overhead_gib"] for name, c in report["constants"].items()}
     assert any(abs(v - both.mem_overhead_gib) > 1e-6 for v in held_out.values())
+
+
+def test_finer_experts_cost_more_at_equal_flops():
+    """Token permutation moves k copies of each token: twice the experts per token at half the width
+    (and twice as many, so each expert's GEMM keeps its tokens) keeps the FLOPs and GEMM shapes,
+    but the layer moves twice the copies."""
+    base = PRESETS["mixtral-8x7b"]
+    finer = base.model_copy(update={"moe_router_topk": 2 * base.moe_router_topk,
+                                    "ffn_hidden_size": base.ffn_hidden_size // 2,
+                                    "num_experts": 2 * base.num_experts})
+    assert flops_per_token(finer, 4096) == pytest.approx(flops_per_token(base, 4096))
+
+    def compute(model, **kw) -> float:
+        w = Workload(model=model, seq_length=4096, global_batch_size=256, precision="bf16",
+                     cluster=Cluster(gpu="h100-sxm"))
+        return predict(w, S(tp=1, pp=4, recompute_granularity="full", recompute_method="uniform",
+                            recompute_num_layers=1, moe_grouped_gemm=True, **kw)).time.compute_s
+
+    assert compute(finer) > compute(base) * 1.01
+    assert compute(finer, ep=2, moe_token_dispatcher_type="alltoall") > \
+        compute(base, ep=2, moe_token_dispatcher_type="alltoall") * 1.01
+
+
+def test_an_all_to_all_over_nodes_sends_only_the_remote_share_over_the_network():
+    from dataclasses import replace
+
+    from optico.perfmodel.constants import load_constants
+    from optico.perfmodel.layers import layer_costs
+    from optico.perfmodel.layout import _ep_remote_share, layout
+
+    assert _ep_remote_share(16, 1, 8, 16) == pytest.approx(8 / 15)  # 7 peers on the node, 8 off it
+    assert _ep_remote_share(8, 2, 8, 16) == pytest.approx(4 / 7)  # EP ranks sit ETP apart: 4 a node
+    assert _ep_remote_share(8, 1, 8, 64) == 0.0 and _ep_remote_share(64, 1, 72, 128) == 0.0  # one node / NVL72
+    w = Workload(model=PRESETS["mixtral-8x7b"], seq_length=4096, global_batch_size=256, precision="bf16",
+                 cluster=Cluster(gpu="h100-sxm", nodes=2))
+    s = S(tp=1, pp=1, ep=16, moe_token_dispatcher_type="alltoall", moe_grouped_gemm=True,
+          recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    c = load_constants()
+    lay = layout(w, s, c)
+    kind = next(iter(lay.kinds))
+    split = layer_costs(w, s, lay, c, {kind})[kind].ep
+    all_network = layer_costs(w, s, replace(lay, ep_remote_share=0.0), c, {kind})[kind].ep
+    assert 0 < split < all_network * 0.6  # 8/15 of it over the network, the rest on NVLink alongside

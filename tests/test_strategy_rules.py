@@ -166,3 +166,6 @@ def test_presets_have_known_sizes():
     assert abs(PRESETS["llama3-70b"].num_params() / 1e9 - 70.55) < 0.2
     assert abs(PRESETS["mixtral-8x7b"].num_params() / 1e9 - 46.7) < 0.2
     assert abs(PRESETS["qwen3-30b-a3b"].num_params() / 1e9 - 30.5) < 0.2
+    # OpenAI's model cards: 116.8 B and 20.9 B (head dim 64, not hidden / heads = 45).
+    assert abs(PRESETS["gpt-oss-120b"].num_params() / 1e9 - 116.8) < 0.2
+    assert abs(PRESETS["gpt-oss-20b"].num_params() / 1e9 - 20.9) < 0.1

@@ -12,8 +12,10 @@ MoE). Costs add up per sublayer, so a GPT layer costs exactly its two halves.
   unless sequence parallel.
 - TP: one collective of the sublayer's activations forward and one backward per TP-split
   sublayer (one more with full recompute); MoE experts split by ETP only need them when ETP > 1.
-- CP: ring exchange of K and V. EP: token dispatch and combine, forward and backward;
-  hidden by EP communication overlap down to `ep_overlap_exposed`.
+- CP: ring exchange of K and V. EP: token dispatch and combine, forward and backward, the
+  share bound for other nodes over the network while the rest crosses NVLink;
+  hidden by EP communication overlap down to `ep_overlap_exposed`. MoE's token permutation
+  (gathering each routed copy into expert order and back) is memory-bound work at HBM bandwidth.
 """
 
 from __future__ import annotations
@@ -186,7 +188,13 @@ def _mlp(x: _Ctx, mlp: str) -> LayerCost:
             shared_flops = 6 * T * x.gate * h * shared / t
             linear += x.gemm(shared_flops, (T, h, shared / t))
             flops += shared_flops
-        elements = 9.0 * h / x.sp + (8.0 if m.swiglu else 5.0) * f * m.moe_router_topk / t
+        # Token permutation: each routed copy of a token (top-k per token) is gathered into expert
+        # order and scattered back (permute, unpermute), and re-sorted by local expert around the
+        # all-to-all when a GPU holds several experts; each copy reads and writes k·h per token,
+        # forward and backward.
+        copies = 2.0 + (2.0 if lay.ep > 1 and experts_here > 1 else 0.0)
+        permutation = 4.0 * copies * m.moe_router_topk * h / t
+        elements = 9.0 * h / x.sp + (8.0 if m.swiglu else 5.0) * f * m.moe_router_topk / t + permutation
         # Experts split by ETP: TP collectives only when ETP > 1 or a shared expert (TP-split) runs.
         if lay.etp == 1 and not shared and t > 1:
             tp_collectives = 0.0
@@ -196,7 +204,10 @@ def _mlp(x: _Ctx, mlp: str) -> LayerCost:
             else:
                 volume = 2.0 * T * m.moe_router_topk * h * (lay.ep - 1) / lay.ep / x.sp
             exposed = c.ep_overlap_exposed if s.overlap_moe_expert_parallel_comm else c.ep_exposed
-            ep = 4.0 * volume / (lay.ep_bw * 1e9) * exposed
+            share = lay.ep_remote_share
+            seconds_per_byte = (max(share / lay.ep_bw, (1.0 - share) / lay.ep_node_bw) if share
+                                else 1.0 / lay.ep_bw) / 1e9
+            ep = 4.0 * volume * seconds_per_byte * exposed
     elementwise = x.elementwise(elements)
     recompute = x.recompute(linear, 0.0, elementwise) if s.recompute_granularity == "full" else 0.0
     rflops = x.recompute_flops(flops, 0.0)

@@ -40,6 +40,10 @@ class Layout:
     pp_bw: float
     etp: int = 1
     expert_dp: int = 1
+    # An all-to-all over EP ranks on several nodes: the share of what a GPU sends that leaves its
+    # node (at ep_bw), the rest going to its node's EP peers at ep_node_bw, at the same time.
+    ep_remote_share: float = 0.0
+    ep_node_bw: float = 0.0
     extra_warmup: int = 0  # chunk forwards megatron-core adds to the interleaved warm-up (EP overlap: 1)
     stage_kinds: list[Counter] = field(default_factory=list)  # per stage: layer kind -> count (MTP included)
 
@@ -74,6 +78,15 @@ def _link_bw(w: Workload, c: Constants, group_span: int) -> float:
     return cluster.inter_node_gbps * c.network_efficiency
 
 
+def _ep_remote_share(ep: int, etp: int, gpus_per_node: int, world: int) -> float:
+    """Of the tokens a GPU sends to its EP peers, the share bound for other nodes. EP ranks sit
+    ETP apart, so a node holds gpus_per_node / ETP of them."""
+    if ep <= 1 or etp * ep <= gpus_per_node or world <= gpus_per_node:
+        return 0.0
+    on_node = max(1, gpus_per_node // etp)
+    return (ep - on_node) / (ep - 1)
+
+
 def _stage_kinds(w: Workload, dims: ParallelDims) -> list[Counter]:
     kinds = w.model.layer_kinds()
     out = [Counter(kinds[i] for i in idx) for idx in dims.stage_layer_indices(w.model.num_layers)]
@@ -101,5 +114,6 @@ def layout(w: Workload, s: Strategy, c: Constants) -> Layout:
         # Adjacent pipeline stages sit TP·CP·DP ranks apart: another node once that fills one.
         pp_bw=_link_bw(w, c, 2 if world <= gpn or s.tp * s.cp * dp < gpn else gpn + 1),
         etp=etp, expert_dp=max(1, world // (etp * s.ep * s.pp)), stage_kinds=_stage_kinds(w, dims),
+        ep_remote_share=_ep_remote_share(s.ep, etp, gpn, world), ep_node_bw=_link_bw(w, c, 2),
         extra_warmup=int(s.overlap_moe_expert_parallel_comm),
     )
