@@ -284,7 +284,7 @@ def test_an_all_to_all_over_nodes_sends_only_the_remote_share_over_the_network()
 
     from optico.perfmodel.constants import load_constants
     from optico.perfmodel.layers import layer_costs
-    from optico.perfmodel.layout import _ep_remote_share, layout
+    from optico.perfmodel.layout import _ep_remote_share, _link_bw, layout
 
     assert _ep_remote_share(16, 1, 8, 16) == pytest.approx(8 / 15)  # 7 peers on the node, 8 off it
     assert _ep_remote_share(8, 2, 8, 16) == pytest.approx(4 / 7)  # EP ranks sit ETP apart: 4 a node
@@ -297,5 +297,5 @@ def test_an_all_to_all_over_nodes_sends_only_the_remote_share_over_the_network()
     lay = layout(w, s, c)
     kind = next(iter(lay.kinds))
     split = layer_costs(w, s, lay, c, {kind})[kind].ep
-    all_network = layer_costs(w, s, replace(lay, ep_remote_share=0.0), c, {kind})[kind].ep
+    all_network = layer_costs(w, s, replace(lay, ep_bw=_link_bw(w, c, 16)), c, {kind})[kind].ep
     assert 0 < split < all_network * 0.6  # 8/15 of it over the network, the rest on NVLink alongside

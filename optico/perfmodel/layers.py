@@ -204,10 +204,7 @@ def _mlp(x: _Ctx, mlp: str) -> LayerCost:
             else:
                 volume = 2.0 * T * m.moe_router_topk * h * (lay.ep - 1) / lay.ep / x.sp
             exposed = c.ep_overlap_exposed if s.overlap_moe_expert_parallel_comm else c.ep_exposed
-            share = lay.ep_remote_share
-            seconds_per_byte = (max(share / lay.ep_bw, (1.0 - share) / lay.ep_node_bw) if share
-                                else 1.0 / lay.ep_bw) / 1e9
-            ep = 4.0 * volume * seconds_per_byte * exposed
+            ep = 4.0 * volume / (lay.ep_bw * 1e9) * exposed
     elementwise = x.elementwise(elements)
     recompute = x.recompute(linear, 0.0, elementwise) if s.recompute_granularity == "full" else 0.0
     rflops = x.recompute_flops(flops, 0.0)

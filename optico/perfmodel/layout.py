@@ -40,10 +40,6 @@ class Layout:
     pp_bw: float
     etp: int = 1
     expert_dp: int = 1
-    # An all-to-all over EP ranks on several nodes: the share of what a GPU sends that leaves its
-    # node (at ep_bw), the rest going to its node's EP peers at ep_node_bw, at the same time.
-    ep_remote_share: float = 0.0
-    ep_node_bw: float = 0.0
     extra_warmup: int = 0  # chunk forwards megatron-core adds to the interleaved warm-up (EP overlap: 1)
     stage_kinds: list[Counter] = field(default_factory=list)  # per stage: layer kind -> count (MTP included)
 
@@ -87,6 +83,14 @@ def _ep_remote_share(ep: int, etp: int, gpus_per_node: int, world: int) -> float
     return (ep - on_node) / (ep - 1)
 
 
+def _ep_bw(w: Workload, c: Constants, ep: int, etp: int) -> float:
+    """What an all-to-all over EP ranks sees (GB/s, effective): over several nodes, the share bound
+    for other nodes crosses the network while the rest crosses NVLink at the same time."""
+    span = _link_bw(w, c, etp * ep)
+    share = _ep_remote_share(ep, etp, w.cluster.gpus_per_node, w.world_size)
+    return 1.0 / max(share / span, (1.0 - share) / _link_bw(w, c, 2)) if share else span
+
+
 def _stage_kinds(w: Workload, dims: ParallelDims) -> list[Counter]:
     kinds = w.model.layer_kinds()
     out = [Counter(kinds[i] for i in idx) for idx in dims.stage_layer_indices(w.model.num_layers)]
@@ -109,11 +113,10 @@ def layout(w: Workload, s: Strategy, c: Constants) -> Layout:
         extra_in_flight=c.pp_extra_in_flight,
         tp_bw=_link_bw(w, c, s.tp),
         cp_bw=_link_bw(w, c, s.tp * s.cp),
-        ep_bw=_link_bw(w, c, etp * s.ep),
+        ep_bw=_ep_bw(w, c, s.ep, etp),
         dp_bw=_link_bw(w, c, s.tp * s.cp * dp),
         # Adjacent pipeline stages sit TP·CP·DP ranks apart: another node once that fills one.
         pp_bw=_link_bw(w, c, 2 if world <= gpn or s.tp * s.cp * dp < gpn else gpn + 1),
         etp=etp, expert_dp=max(1, world // (etp * s.ep * s.pp)), stage_kinds=_stage_kinds(w, dims),
-        ep_remote_share=_ep_remote_share(s.ep, etp, gpn, world), ep_node_bw=_link_bw(w, c, 2),
         extra_warmup=int(s.overlap_moe_expert_parallel_comm),
     )
