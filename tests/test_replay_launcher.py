@@ -176,3 +176,25 @@ def test_bench_skips_a_file_without_a_usable_workload(tmp_path: Path, capsys) ->
     assert defs  # the packaged table still runs
     err = capsys.readouterr().err
     assert "junk.csv: not a replay table" in err and "few.csv has no workload" in err
+
+
+def test_a_launcher_on_rows_already_read_answers_as_one_that_reads_the_file(tmp_path: Path) -> None:
+    """The benchmark builds one launcher per run from rows read once: the same answers, and the
+    file is not read again (it may even be gone)."""
+    from optico.replay_csv import matches, read_replay_csv, replayable
+
+    path = Path(write(tmp_path / "t.csv", dict(result="ok", mfu="0.5"), dict(result="oom", tp="4"),
+                 dict(result="ok", tp="8", mfu="0.4")))
+    rows = read_replay_csv(path)
+    path.unlink()
+    shared, fresh = ReplayLauncher(path, rows=rows), ReplayLauncher(TABLE)
+    assert [s.signature() for s in shared.candidates(workload())] == \
+        [s.signature() for s in (strategy(tp=2), strategy(tp=4), strategy(tp=8))]
+    assert launch(shared, workload(), strategy(tp=2)).metrics.mfu == 0.5
+    assert launch(shared, workload(), strategy(tp=4)).category_hint is FailureCategory.OOM
+    assert launch(shared, workload(), strategy(tp=1)).category_hint is FailureCategory.NOT_MEASURED
+    w = workload()
+    for s in fresh.candidates(w):  # the signature index finds what a scan of every row finds
+        scanned = [r.line for r in fresh.rows
+                   if replayable(r) and matches(r, w) and r.strategy.signature() == s.signature()]
+        assert [r.line for r in fresh.rows_for(w, s)] == scanned and scanned

@@ -567,7 +567,7 @@ class ReplayDef(BaseModel):
         recipe = find_recipe(preset.name if preset else None, w)
         expert = exact_layout(recipe_strategy(recipe, w), candidates) if recipe else None
         return Landscape(name=self.name, kind="replay", workload=w, space=space, candidates=candidates, truth=truth,
-                         make_launcher=lambda: ReplayLauncher(self.path), expert=expert,
+                         make_launcher=lambda: ReplayLauncher(self.path, rows=base.rows), expert=expert,
                          expert_source=recipe.source if expert is not None and recipe else "",
                          replay_path=self.path, group=self.group, calibration=self.calibration)
 

@@ -33,10 +33,18 @@ class ReplayLauncher(Launcher):
 
     kind = "replay"
 
-    def __init__(self, path: str | Path, defaults: ReplayDefaults | None = None):
+    def __init__(self, path: str | Path, defaults: ReplayDefaults | None = None,
+                 rows: list[ReplayRow] | None = None):
+        """`rows`: the file's rows as already read with these defaults (a benchmark builds one
+        launcher per run of the same table; parsing it again each time cost seconds)."""
         self.path = Path(path)
         self.defaults = defaults or ReplayDefaults()
-        self.rows: list[ReplayRow] = read_replay_csv(self.path, self.defaults)
+        self.rows: list[ReplayRow] = rows if rows is not None else read_replay_csv(self.path, self.defaults)
+        # Replayable rows by configuration: a launch looks up one signature, not every row.
+        self._by_signature: dict[str, list[ReplayRow]] = {}
+        for row in self.rows:
+            if replayable(row):
+                self._by_signature.setdefault(row.strategy.signature(), []).append(row)
 
     # -- the protocol ----------------------------------------------------------------------------
     async def launch(self, workload: Workload, strategy: Strategy, *, trial_key: str,
@@ -72,9 +80,7 @@ class ReplayLauncher(Launcher):
     # -- lookups ---------------------------------------------------------------------------------
     def rows_for(self, workload: Workload, strategy: Strategy) -> list[ReplayRow]:
         """The usable rows that measured exactly this configuration of this workload."""
-        signature = strategy.signature()
-        return [r for r in self.rows if replayable(r) and matches(r, workload)
-                and r.strategy.signature() == signature]
+        return [r for r in self._by_signature.get(strategy.signature(), []) if matches(r, workload)]
 
     # -- results ---------------------------------------------------------------------------------
     def _fingerprint(self, row: ReplayRow, found: list[ReplayRow]) -> dict[str, Any]:
