@@ -10,7 +10,7 @@ prediction beyond the margin. The LLM proposes; it never has the last word.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from optico.fingerprint import describe, framework_of, split_by_framework
@@ -92,6 +92,7 @@ class _HistoryView:
     trials: list[Trial]  # this job's trials, then earlier jobs' under this framework
     failed: list[Trial]  # those of `trials` that failed with a diagnosis
     stale: list[Trial]  # earlier jobs' trials under another framework: hints only
+    verdicts: dict[tuple[int, str], Verdict] = field(default_factory=dict)  # (model fit, signature) -> verdict
 
     @classmethod
     def of(cls, history: Sequence[Trial], prior: Sequence[Trial]) -> "_HistoryView":
@@ -104,11 +105,11 @@ class _HistoryView:
                    [t for t in trials if t.status == TrialStatus.FAILED and t.failure is not None], stale)
 
     def matches(self, history: Sequence[Trial], prior: Sequence[Trial]) -> bool:
-        """The same trial objects (trials are frozen, and the view holds them alive, so identity is
-        equality)."""
+        """The same trials: the same frozen records, or equal ones read again from the pool (each
+        node of the loop reads the trials afresh; the analysis and the stopping rule see the same)."""
         return (len(history) == len(self.history) and len(prior) == len(self.prior)
-                and all(a is b for a, b in zip(history, self.history))
-                and all(a is b for a, b in zip(prior, self.prior)))
+                and all(a is b or a == b for a, b in zip(history, self.history))
+                and all(a is b or a == b for a, b in zip(prior, self.prior)))
 
 
 class Guard:
@@ -119,12 +120,17 @@ class Guard:
         self.workload, self.space, self.model = workload, space, model
         self._measurable = {s.signature() for s in candidates} if candidates is not None else None
         self._static: dict[str, Verdict] = {}
-        self._view: _HistoryView | None = None
+        # The last (history list, prior list, their view): a pass over the pool checks thousands of
+        # candidates against the same two lists (never edited in place), compared once, not per candidate.
+        self._view: tuple[Sequence[Trial], Sequence[Trial], _HistoryView] | None = None
 
     def _history_view(self, history: Sequence[Trial], prior: Sequence[Trial]) -> _HistoryView:
-        view = self._view  # one read: a guard shared across threads still answers from its own view
-        if view is None or not view.matches(history, prior):
-            view = self._view = _HistoryView.of(history, prior)
+        last = self._view  # one read: a guard shared across threads still answers from its own view
+        if last is not None and last[0] is history and last[1] is prior \
+                and len(history) == len(last[2].history) and len(prior) == len(last[2].prior):
+            return last[2]
+        view = last[2] if last is not None and last[2].matches(history, prior) else _HistoryView.of(history, prior)
+        self._view = (history, prior, view)
         return view
 
     def _static_check(self, s: Strategy) -> Verdict:
@@ -148,8 +154,20 @@ class Guard:
         static = self._static_check(s)
         if not static.admitted:
             return static
-        sig = s.signature()
         view = self._history_view(history, prior)
+        if retry:
+            return self._check_against(s, view, retry=True)
+        # The analysis and the stopping rule each check the whole pool against the same trials and
+        # the same fit: the second pass reads the first's verdicts.
+        key = (self.model.fit_id, s.signature())
+        verdict = view.verdicts.get(key)
+        if verdict is None:
+            verdict = view.verdicts[key] = self._check_against(s, view, retry=False)
+        return verdict
+
+    def _check_against(self, s: Strategy, view: _HistoryView, *, retry: bool) -> Verdict:
+        """The checks that depend on the trials and the model's current fit."""
+        sig = s.signature()
         if not retry and sig in view.first_index:
             return Verdict(False, "duplicate", f"same configuration as trial {view.first_index[sig]}")
         # Earlier jobs' failures under another framework (before an upgrade) are hints, not refusals:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -130,6 +131,8 @@ class _StrategyBase(BaseModel):
         """A copy (not validated, as pydantic's); the cached signature is the original's, so dropped."""
         copy = super().model_copy(update=update, deep=deep)
         copy.__dict__.pop("_signature", None)
+        copy.__dict__.pop("_fields", None)
+        copy.__dict__.pop("_field_values", None)
         return copy  # type: ignore[return-value]
 
     def changed(self, **updates: Any) -> "Strategy":
@@ -138,10 +141,23 @@ class _StrategyBase(BaseModel):
         data.update(updates)
         return type(self).model_validate(data)  # type: ignore[return-value]
 
+    @cached_property
+    def _fields(self) -> dict[str, Any]:
+        # The agents diff every candidate against the reference each iteration: dumped once.
+        return self.model_dump()
+
+    @cached_property
+    def _field_values(self) -> tuple[Any, ...]:
+        return tuple(self._fields.values())
+
     def diff(self, other: "Strategy") -> dict[str, tuple[Any, Any]]:
         """Fields whose values differ: name -> (self's, other's)."""
-        a, b = self.model_dump(), other.model_dump()
+        a, b = self._fields, other._fields
         return {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+
+    def count_changes(self, other: "Strategy") -> int:
+        """How many fields differ: len(self.diff(other)) without building it."""
+        return sum(map(operator.ne, self._field_values, other._field_values))
 
     # -- rendering -------------------------------------------------------------------
     def megatron_args(self) -> list[str]:

@@ -107,6 +107,20 @@ def test_guard_rules():
     assert guard.check(S(tp=4), history, prior).rule == "known-failure"
 
 
+def test_guard_verdicts_follow_the_models_fit():
+    """Verdicts are reused for the same trials (equal records read again included), but not across a
+    re-fit of the job model: a memory measurement that lifts the posterior must reach the guard."""
+    model = JobModel(W)
+    guard = Guard(W, SPACE, model)
+    ref, near = S(tp=2), S(tp=2, mbs=2, sp=True)
+    history = [ok_trial(1, ref, 0.6, mem=model.base(ref).mem_gib)]
+    model.observe(history)
+    assert guard.check(near, history).admitted
+    assert guard.check(near, [ok_trial(1, ref, 0.6, mem=model.base(ref).mem_gib)]).admitted  # the same, read again
+    model.observe([ok_trial(1, ref, 0.6, mem=model.base(ref).mem_gib * 1.4)])  # it used 40 % more than modelled
+    assert guard.check(near, history).rule == "predicted-oom"
+
+
 def test_guard_respects_launcher_candidates():
     guard = Guard(W, SPACE, JobModel(W), candidates=[S(tp=2), S(tp=4)])
     assert guard.check(S(tp=8), []).rule == "not-measurable"

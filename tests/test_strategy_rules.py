@@ -169,3 +169,13 @@ def test_presets_have_known_sizes():
     # OpenAI's model cards: 116.8 B and 20.9 B (head dim 64, not hidden / heads = 45).
     assert abs(PRESETS["gpt-oss-120b"].num_params() / 1e9 - 116.8) < 0.2
     assert abs(PRESETS["gpt-oss-20b"].num_params() / 1e9 - 20.9) < 0.1
+
+
+def test_count_changes_is_the_size_of_the_diff() -> None:
+    """The analysis counts changed knobs for every candidate from a cached tuple; it must agree with
+    `diff`, also on a copy (whose cached values are dropped with its signature)."""
+    a = Strategy(tensor_model_parallel_size=2, micro_batch_size=1)
+    b = a.changed(micro_batch_size=2, sequence_parallel=True, recompute_granularity="selective")
+    assert a.count_changes(a) == 0 and a.count_changes(b) == len(a.diff(b)) == 3
+    c = b.model_copy(update={"micro_batch_size": 1})
+    assert a.count_changes(c) == len(a.diff(c)) == 2

@@ -80,12 +80,6 @@ def expected_improvement(mu: float, sd: float, best: float) -> float:
     return max(0.0, math.exp(mu + sd * sd / 2) * _phi(d + sd) - best * _phi(d))
 
 
-def _belief(model: JobModel, s: Strategy) -> tuple[float, float, float]:
-    """(mean, standard deviation) of log MFU at `s` under the job model, and its chance of fitting."""
-    mean, sd = model.log_error(s)
-    return math.log(model.base(s).mfu) + mean, sd, model.fit_probability(s)
-
-
 def _gain(mu: float, sd: float, fit: float, best: float) -> float:
     return fit * expected_improvement(mu, sd, best) if fit >= MIN_FIT_CHANCE else 0.0
 
@@ -93,7 +87,7 @@ def _gain(mu: float, sd: float, fit: float, best: float) -> float:
 def expected_gain(model: JobModel, s: Strategy, best: float | None = None) -> float:
     """P(fit) times the expected MFU improvement of `s` over `best` (default: the incumbent)."""
     best = model.incumbent_mfu() if best is None else best
-    return _gain(*_belief(model, s), best)
+    return _gain(*model.belief(s), best)
 
 
 def expected_gain_of_launches(model: JobModel, candidates: Sequence[Strategy], best: float, k: int,
@@ -103,7 +97,7 @@ def expected_gain_of_launches(model: JobModel, candidates: Sequence[Strategy], b
     whether it fits). Monte Carlo with fixed random numbers, so the same belief gives the same
     answer. Independence overstates the gain of configurations the residual model ties together;
     the stopping rule looks a few launches ahead (`LOOKAHEAD`), not a whole budget, to keep that small."""
-    beliefs = [b for b in (_belief(model, c) for c in candidates) if b[2] >= MIN_FIT_CHANCE]
+    beliefs = [b for b in (model.belief(c) for c in candidates) if b[2] >= MIN_FIT_CHANCE]
     top = heapq.nlargest(max(0, k), beliefs, key=lambda b: _gain(*b, best))
     if not top or best <= 0:
         return 0.0

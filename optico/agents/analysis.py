@@ -152,7 +152,7 @@ class RulesAnalysis:
                        "implied-oom": "tried or known to fail", "predicted-oom": "predicted OOM"}.get(verdict.rule, "other")
                 counts[key] += 1
                 continue
-            n_changes = len(ref.diff(cand))
+            n_changes = ref.count_changes(cand)
             entries.append((cand, n_changes, n_changes <= 2 and _answers(health, bottleneck, ref, cand, model)))
         # Expected gain under the residual model's uncertainty (optico.agents.acquisition).
         scored = acquisition.rank(model, entries, answer_health=health != HealthState.PERFORMANCE_TUNE)

@@ -20,8 +20,10 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
+from scipy.special import erf
 
 from optico.perfmodel.constants import Constants, load_constants
 from optico.perfmodel.model import Prediction, predict
@@ -39,6 +41,17 @@ from optico.workload import Workload
 # How much a differing field separates two strategies for the correction's weights (the knob
 # registry's `similarity`: parallel sizes 1, micro-batch and recompute 0.7, ...).
 _WEIGHTS = np.array([BY_NAME[f].similarity for f in FIELDS])
+
+
+class Belief(NamedTuple):
+    """What the job believes about one configuration under the current fit."""
+
+    log_mfu: float  # posterior mean of log MFU (the model's, corrected)
+    log_mfu_sd: float  # its standard deviation
+    fit: float  # chance the run fits in memory
+    mem_gib: float  # expected peak memory (the model's, corrected)
+    mem_log_error: float  # posterior mean of log(true memory / model memory)
+    mem_log_error_sd: float  # its standard deviation
 
 
 @dataclass(frozen=True)
@@ -107,10 +120,13 @@ class JobModel:
         self._mfu_measured: dict[str, float] = {}  # signature -> mean measured MFU (OK trials)
         self._measured_strategies: dict[str, Strategy] = {}
         self._largest_measured_gib = 0.0  # the model's memory for the largest configuration measured
-        self._corrected: dict[str, np.ndarray] = {}
+        self._now: dict[str, Belief] = {}  # signature -> belief under the current fit
+        self.fit_id = 0  # changes with every fit: what a caller may cache answers against
+        self._observed: tuple | None = None  # what the current fit was made from
         self._pool_index: dict[str, int] = {}
         self._pool: list[Strategy] = []
         self._pool_matrix = np.empty((0, len(FIELDS)))
+        self._pool_base: tuple[np.ndarray, np.ndarray] | None = None  # the pool's model MFU and memory
 
     # -- set-up ---------------------------------------------------------------------------
     def prime(self, pool: list[Strategy]) -> None:
@@ -119,11 +135,13 @@ class JobModel:
         self._pool = list(pool)
         self._pool_index = {s.signature(): i for i, s in enumerate(pool)}
         self._pool_matrix = np.stack([self._vector(s) for s in pool]) if pool else np.empty((0, len(FIELDS)))
+        self._pool_base = None
         if len(pool) > 1:
             varying = np.flatnonzero((self._pool_matrix != self._pool_matrix[0]).any(axis=0))
             self._columns = varying if len(varying) else np.arange(len(FIELDS))
         self._gp, self._mem_gp = self._residual_models(len(self._columns))
-        self._corrected = {}
+        self._now, self._observed = {}, None
+        self.fit_id += 1
 
     def _residual_models(self, n_fields: int) -> tuple[ResidualGP, ResidualGP]:
         """Fresh residual GPs (MFU, memory) over `n_fields` knobs."""
@@ -146,9 +164,15 @@ class JobModel:
 
     # -- observations ---------------------------------------------------------------------
     def observe(self, trials: list[Trial]) -> None:
-        """Re-fits the corrections from every finished trial (idempotent)."""
+        """Re-fits the corrections from every finished trial (idempotent: the same trials again
+        keep the fit, as the agents and the stopping rule each observe once per iteration)."""
         if not SWITCHES.online_correction:
             trials = []
+        observed = tuple((t.signature, t.status, t.metrics.mfu if t.metrics else None,
+                          t.metrics.mem_max_gib if t.metrics else None,
+                          t.failure.category if t.failure else None) for t in trials)
+        if observed == self._observed:
+            return
         mfu: dict[str, list[float]] = {}
         strategies: dict[str, Strategy] = {}
         mem: dict[str, list[float]] = {}
@@ -172,7 +196,8 @@ class JobModel:
                                                      for sig in mfu}))
         self._mem_gp.fit(*self._points(strategies, mem))
         self._largest_measured_gib = largest
-        self._corrected = {}
+        self._now, self._observed = {}, observed
+        self.fit_id += 1
 
     def _points(self, strategies: dict[str, Strategy], values: dict[str, list[float]]
                 ) -> tuple[np.ndarray, np.ndarray]:
@@ -192,36 +217,61 @@ class JobModel:
         return max((self.mfu(s) for s in self._measured_strategies.values()), default=0.0)
 
     # -- corrections ----------------------------------------------------------------------
-    def _posterior(self, gp: ResidualGP, kind: str, s: Strategy) -> tuple[float, float]:
+    def _beliefs(self, Z: np.ndarray, base_mfu: np.ndarray, base_mem: np.ndarray) -> list[np.ndarray]:
+        """`Belief`'s fields, as arrays, at the configurations `Z` (codes of the residual model's
+        columns) whose model MFU and memory are `base_mfu`, `base_mem`, under the current fit."""
+        mean, sd = self._gp.predict(Z)
+        mem_mean, mem_sd = self._mem_gp.predict(Z)
+        # Beyond every configuration measured, a correction may warn but not reassure: memory errors
+        # are not one ratio across sizes (fixed overheads, per-layer terms), and a ratio learned on
+        # smaller configurations promises larger ones a fit they may not have.
+        warn_only = np.where(base_mem > self._largest_measured_gib, np.maximum(mem_mean, 0.0), mem_mean)
+        margin = np.log(self.limit_gib / base_mem) - warn_only
+        fit = 0.5 * (1.0 + erf(margin / (np.sqrt(mem_sd * mem_sd + FIT_NOISE**2) * math.sqrt(2.0))))
+        return [np.log(base_mfu) + mean, sd, fit, base_mem * np.exp(mem_mean), mem_mean, mem_sd]
+
+    def _belief(self, s: Strategy) -> Belief:
+        """The job's belief about `s` under the current fit. The agents and the guard ask about every
+        candidate several times an iteration: the whole pool is answered in one pass after each fit,
+        anything outside it one at a time."""
         sig = s.signature()
-        if sig in self._pool_index:
-            if kind not in self._corrected:
-                self._corrected[kind], self._corrected[kind + "_sd"] = gp.predict(self._pool_matrix[:, self._columns])
-            i = self._pool_index[sig]
-            return float(self._corrected[kind][i]), float(self._corrected[kind + "_sd"][i])
-        mean, sd = gp.predict(self._vector(s)[None, self._columns])
-        return float(mean[0]), float(sd[0])
+        found = self._now.get(sig)
+        if found is not None:
+            return found
+        if sig in self._pool_index:  # not answered since the last fit
+            if self._pool_base is None:  # the model's own predictions: the same for the whole job
+                bases = [self.base(p) for p in self._pool]
+                self._pool_base = np.array([b.mfu for b in bases]), np.array([b.mem_gib for b in bases])
+            arrays = self._beliefs(self._pool_matrix[:, self._columns], *self._pool_base)
+            self._now.update(zip(self._pool_index, map(Belief._make, zip(*(a.tolist() for a in arrays)))))
+            return self._now[sig]
+        base = self.base(s)
+        arrays = self._beliefs(self._vector(s)[None, self._columns], np.array([base.mfu]), np.array([base.mem_gib]))
+        found = self._now[sig] = Belief._make(float(a[0]) for a in arrays)
+        return found
 
     def log_error(self, s: Strategy) -> tuple[float, float]:
         """Posterior (mean, standard deviation) of log(true MFU / model MFU) at `s`."""
-        return self._posterior(self._gp, "mfu", s)
+        b = self._belief(s)
+        return b.log_mfu - math.log(self.base(s).mfu), b.log_mfu_sd
 
     def mem_log_error(self, s: Strategy) -> tuple[float, float]:
         """Posterior (mean, standard deviation) of log(true peak memory / model memory) at `s`."""
-        return self._posterior(self._mem_gp, "mem", s)
+        b = self._belief(s)
+        return b.mem_log_error, b.mem_log_error_sd
 
     # -- what the agents and the guard ask ------------------------------------------------
     def mfu(self, s: Strategy) -> float:
         """Expected MFU: the model's, corrected by the posterior mean of its log error."""
-        return self.base(s).mfu * math.exp(self.log_error(s)[0])
+        return math.exp(self._belief(s).log_mfu)
 
     def mfu_sd(self, s: Strategy) -> float:
         """Standard deviation of log MFU at `s` (how unsure the corrected model still is)."""
-        return self.log_error(s)[1]
+        return self._belief(s).log_mfu_sd
 
     def mem_gib(self, s: Strategy) -> float:
         """Expected peak memory: the model's, corrected by the posterior mean of its log error."""
-        return self.base(s).mem_gib * math.exp(self.mem_log_error(s)[0])
+        return self._belief(s).mem_gib
 
     @property
     def limit_gib(self) -> float:
@@ -230,15 +280,12 @@ class JobModel:
     def fit_probability(self, s: Strategy) -> float:
         """Chance the run fits in memory under the memory posterior (plus run-to-run spread); for a
         configuration larger than any measured, the posterior may only raise its memory."""
-        mean, sd = self.mem_log_error(s)
-        base = self.base(s).mem_gib
-        if base > self._largest_measured_gib:
-            # Beyond every configuration measured, a correction may warn but not reassure: memory
-            # errors are not one ratio across sizes (fixed overheads, per-layer terms), and a ratio
-            # learned on smaller configurations promises larger ones a fit they may not have.
-            mean = max(mean, 0.0)
-        margin = math.log(self.limit_gib / base) - mean
-        return 0.5 * (1.0 + math.erf(margin / (math.sqrt(sd * sd + FIT_NOISE**2) * math.sqrt(2.0))))
+        return self._belief(s).fit
+
+    def belief(self, s: Strategy) -> tuple[float, float, float]:
+        """(mean, standard deviation) of log MFU at `s`, and its chance of fitting in memory."""
+        b = self._belief(s)
+        return b.log_mfu, b.log_mfu_sd, b.fit
 
     def expected_mfu(self, s: Strategy) -> float:
         """MFU weighted by the chance of fitting: a launch that runs out of memory measures nothing."""

@@ -75,14 +75,8 @@ class _Belief:
     def __init__(self, mfu: float, sd: float, fit: float = 1.0):
         self.mfu_, self.sd, self.fit = mfu, sd, fit
 
-    def base(self, s):
-        return type("P", (), {"mfu": self.mfu_})()
-
-    def log_error(self, s):
-        return 0.0, self.sd
-
-    def fit_probability(self, s):
-        return self.fit
+    def belief(self, s):
+        return math.log(self.mfu_), self.sd, self.fit
 
     def incumbent_mfu(self):
         return 0.5
