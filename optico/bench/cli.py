@@ -46,7 +46,7 @@ def bench(
                                                               "sizes (comma-separated, e.g. 0,0.05,0.1,0.15,0.2)."),
     ablations: bool = typer.Option(False, "--ablations", help="Also run OptiCo with each of its parts off."),
     quick: bool = typer.Option(False, "--quick", help="A few landscapes of each group, 5 seeds, the main tuners "
-                                                      "(~1-2 min)."),
+                                                      "(under a minute on 2 cores)."),
     dev: bool = typer.Option(False, "--dev", help="Development landscapes (for tuning), not the frozen test draw."),
 ) -> None:
     """Benchmark OptiCo against the baselines a competent user would run (docs/benchmarks.md)."""
