@@ -121,6 +121,20 @@ def test_guard_verdicts_follow_the_models_fit():
     assert guard.check(near, history).rule == "predicted-oom"
 
 
+def test_job_model_answers_a_pool_with_repeated_configurations_by_signature():
+    """The job model answers its whole pool in one array pass; a configuration listed twice must not
+    shift every later configuration's answer onto its neighbour's row."""
+    pool = list(SPACE.enumerate(W))[:50]
+    plain, repeated = JobModel(W), JobModel(W)
+    plain.prime(pool)
+    repeated.prime([pool[0], pool[0], *pool[1:]])
+    history = [ok_trial(1, pool[3], 0.5, mem=40)]
+    for model in (plain, repeated):
+        model.observe(history)
+    assert [repeated.belief(s) for s in pool] == [plain.belief(s) for s in pool]
+    assert [repeated.mem_gib(s) for s in pool] == [plain.mem_gib(s) for s in pool]
+
+
 def test_guard_respects_launcher_candidates():
     guard = Guard(W, SPACE, JobModel(W), candidates=[S(tp=2), S(tp=4)])
     assert guard.check(S(tp=8), []).rule == "not-measurable"

@@ -243,7 +243,8 @@ class JobModel:
                 bases = [self.base(p) for p in self._pool]
                 self._pool_base = np.array([b.mfu for b in bases]), np.array([b.mem_gib for b in bases])
             arrays = self._beliefs(self._pool_matrix[:, self._columns], *self._pool_base)
-            self._now.update(zip(self._pool_index, map(Belief._make, zip(*(a.tolist() for a in arrays)))))
+            rows = [Belief._make(row) for row in zip(*(a.tolist() for a in arrays))]
+            self._now.update((key, rows[i]) for key, i in self._pool_index.items())
             return self._now[sig]
         base = self.base(s)
         arrays = self._beliefs(self._vector(s)[None, self._columns], np.array([base.mfu]), np.array([base.mem_gib]))
