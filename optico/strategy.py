@@ -132,7 +132,6 @@ class _StrategyBase(BaseModel):
         copy = super().model_copy(update=update, deep=deep)
         copy.__dict__.pop("_signature", None)
         copy.__dict__.pop("_fields", None)
-        copy.__dict__.pop("_field_values", None)
         return copy  # type: ignore[return-value]
 
     def changed(self, **updates: Any) -> "Strategy":
@@ -146,10 +145,6 @@ class _StrategyBase(BaseModel):
         # The agents diff every candidate against the reference each iteration: dumped once.
         return self.model_dump()
 
-    @cached_property
-    def _field_values(self) -> tuple[Any, ...]:
-        return tuple(self._fields.values())
-
     def diff(self, other: "Strategy") -> dict[str, tuple[Any, Any]]:
         """Fields whose values differ: name -> (self's, other's)."""
         a, b = self._fields, other._fields
@@ -157,7 +152,7 @@ class _StrategyBase(BaseModel):
 
     def count_changes(self, other: "Strategy") -> int:
         """How many fields differ: len(self.diff(other)) without building it."""
-        return sum(map(operator.ne, self._field_values, other._field_values))
+        return sum(map(operator.ne, self._fields.values(), other._fields.values()))
 
     # -- rendering -------------------------------------------------------------------
     def megatron_args(self) -> list[str]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from optico.perfmodel.online import JobModel
+from optico.perfmodel.online import Belief, JobModel
 from optico.strategy import Strategy
 
 # Scores closer than this (MFU, absolute) are a tie: the smaller move wins.
@@ -80,14 +80,14 @@ def expected_improvement(mu: float, sd: float, best: float) -> float:
     return max(0.0, math.exp(mu + sd * sd / 2) * _phi(d + sd) - best * _phi(d))
 
 
-def _gain(mu: float, sd: float, fit: float, best: float) -> float:
-    return fit * expected_improvement(mu, sd, best) if fit >= MIN_FIT_CHANCE else 0.0
+def _gain(b: Belief, best: float) -> float:
+    return b.fit * expected_improvement(b.log_mfu, b.log_mfu_sd, best) if b.fit >= MIN_FIT_CHANCE else 0.0
 
 
 def expected_gain(model: JobModel, s: Strategy, best: float | None = None) -> float:
     """P(fit) times the expected MFU improvement of `s` over `best` (default: the incumbent)."""
     best = model.incumbent_mfu() if best is None else best
-    return _gain(*model.belief(s), best)
+    return _gain(model.belief(s), best)
 
 
 def expected_gain_of_launches(model: JobModel, candidates: Sequence[Strategy], best: float, k: int,
@@ -97,12 +97,12 @@ def expected_gain_of_launches(model: JobModel, candidates: Sequence[Strategy], b
     whether it fits). Monte Carlo with fixed random numbers, so the same belief gives the same
     answer. Independence overstates the gain of configurations the residual model ties together;
     the stopping rule looks a few launches ahead (`LOOKAHEAD`), not a whole budget, to keep that small."""
-    beliefs = [b for b in (model.belief(c) for c in candidates) if b[2] >= MIN_FIT_CHANCE]
-    top = heapq.nlargest(max(0, k), beliefs, key=lambda b: _gain(*b, best))
+    beliefs = [b for b in map(model.belief, candidates) if b.fit >= MIN_FIT_CHANCE]
+    top = heapq.nlargest(max(0, k), beliefs, key=lambda b: _gain(b, best))
     if not top or best <= 0:
         return 0.0
     rng = np.random.default_rng(0)
-    mu, sd, fits = (np.array(column) for column in zip(*top))
+    mu, sd, fits = (np.array([getattr(b, f) for b in top]) for f in ("log_mfu", "log_mfu_sd", "fit"))
     mfu = np.exp(mu + sd * rng.standard_normal((draws, len(top)))) * (rng.random((draws, len(top))) < fits)
     return float(np.maximum(mfu.max(axis=1) - best, 0.0).mean())
 

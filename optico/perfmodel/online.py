@@ -230,7 +230,7 @@ class JobModel:
         fit = 0.5 * (1.0 + erf(margin / (np.sqrt(mem_sd * mem_sd + FIT_NOISE**2) * math.sqrt(2.0))))
         return [np.log(base_mfu) + mean, sd, fit, base_mem * np.exp(mem_mean), mem_mean, mem_sd]
 
-    def _belief(self, s: Strategy) -> Belief:
+    def belief(self, s: Strategy) -> Belief:
         """The job's belief about `s` under the current fit. The agents and the guard ask about every
         candidate several times an iteration: the whole pool is answered in one pass after each fit,
         anything outside it one at a time."""
@@ -253,26 +253,26 @@ class JobModel:
 
     def log_error(self, s: Strategy) -> tuple[float, float]:
         """Posterior (mean, standard deviation) of log(true MFU / model MFU) at `s`."""
-        b = self._belief(s)
+        b = self.belief(s)
         return b.log_mfu - math.log(self.base(s).mfu), b.log_mfu_sd
 
     def mem_log_error(self, s: Strategy) -> tuple[float, float]:
         """Posterior (mean, standard deviation) of log(true peak memory / model memory) at `s`."""
-        b = self._belief(s)
+        b = self.belief(s)
         return b.mem_log_error, b.mem_log_error_sd
 
     # -- what the agents and the guard ask ------------------------------------------------
     def mfu(self, s: Strategy) -> float:
         """Expected MFU: the model's, corrected by the posterior mean of its log error."""
-        return math.exp(self._belief(s).log_mfu)
+        return math.exp(self.belief(s).log_mfu)
 
     def mfu_sd(self, s: Strategy) -> float:
         """Standard deviation of log MFU at `s` (how unsure the corrected model still is)."""
-        return self._belief(s).log_mfu_sd
+        return self.belief(s).log_mfu_sd
 
     def mem_gib(self, s: Strategy) -> float:
         """Expected peak memory: the model's, corrected by the posterior mean of its log error."""
-        return self._belief(s).mem_gib
+        return self.belief(s).mem_gib
 
     @property
     def limit_gib(self) -> float:
@@ -281,12 +281,7 @@ class JobModel:
     def fit_probability(self, s: Strategy) -> float:
         """Chance the run fits in memory under the memory posterior (plus run-to-run spread); for a
         configuration larger than any measured, the posterior may only raise its memory."""
-        return self._belief(s).fit
-
-    def belief(self, s: Strategy) -> tuple[float, float, float]:
-        """(mean, standard deviation) of log MFU at `s`, and its chance of fitting in memory."""
-        b = self._belief(s)
-        return b.log_mfu, b.log_mfu_sd, b.fit
+        return self.belief(s).fit
 
     def expected_mfu(self, s: Strategy) -> float:
         """MFU weighted by the chance of fitting: a launch that runs out of memory measures nothing."""

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from optico.agents import acquisition
+from optico.perfmodel.online import Belief
 from optico.perfmodel.residual import ResidualGP, ResidualPrior
 
 
@@ -76,7 +77,8 @@ class _Belief:
         self.mfu_, self.sd, self.fit = mfu, sd, fit
 
     def belief(self, s):
-        return math.log(self.mfu_), self.sd, self.fit
+        return Belief(log_mfu=math.log(self.mfu_), log_mfu_sd=self.sd, fit=self.fit, mem_gib=0.0, mem_log_error=0.0,
+                      mem_log_error_sd=0.0)
 
     def incumbent_mfu(self):
         return 0.5
