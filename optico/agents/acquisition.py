@@ -31,8 +31,10 @@ import numpy as np
 from optico.perfmodel.online import Belief, JobModel
 from optico.strategy import Strategy
 
-# Scores closer than this (MFU, absolute) are a tie: the smaller move wins.
-TIE = 5e-4
+# Scores closer than this share of the incumbent's MFU are a tie: the smaller move wins. Relative, so
+# a workload at 0.2 % MFU ranks as finely as one at 50 % (it was 5e-4 MFU absolute: at 0.2 % MFU every
+# score tied, and the ties went to the smallest move whatever its gain). 1e-3 is the old value at 50 %.
+TIE = 1e-3
 # A move that answers the diagnosed health state goes first when its score is at least this share
 # of the best score (a rule must not hide a clearly better move).
 HEALTH_SHARE = 0.75
@@ -120,7 +122,9 @@ def rank(model: JobModel, entries: Sequence[tuple[Strategy, int, bool]],
     HEALTH_SHARE of the best come first, as the paper's procedure answers the state first."""
     best = model.incumbent_mfu()
     scored = [(score(model, cand, best), n, standard, cand) for cand, n, standard in entries]
-    scored.sort(key=lambda x: (-round(x[0] / TIE), not x[2], x[1]))
+    # Before any run the scores are expected MFUs: the best of them sets the scale instead.
+    tie = TIE * (best if best > 0 else max((x[0] for x in scored), default=0.0)) or 1e-12
+    scored.sort(key=lambda x: (-round(x[0] / tie), not x[2], x[1]))
     if answer_health and POLICY.health_rules and scored:
         top = scored[0][0]
         scored.sort(key=lambda x: not (x[2] and x[0] >= top * HEALTH_SHARE))

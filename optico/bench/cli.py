@@ -40,8 +40,8 @@ def bench(
                                          "OptiCo, comma-separated: history, failure-analysis, cot, confidence."),
     fidelity: bool = typer.Option(True, "--fidelity/--no-fidelity", help="Report how far the tuner's model is "
                                                                          "from each landscape."),
-    all_clusters: bool = typer.Option(False, "--all-clusters", help="With --suite sim: every preset on 8, 16 and "
-                                                                    "64 GPUs of both kinds."),
+    all_clusters: bool = typer.Option(False, "--all-clusters", help="The self-generated (--suite sim) and "
+                                      "out-of-form families on every preset, 8, 16 and 64 GPUs of both kinds."),
     sweep: Optional[str] = typer.Option(None, "--sweep", help="Also run the out-of-form family at these effect "
                                                               "sizes (comma-separated, e.g. 0,0.05,0.1,0.15,0.2)."),
     ablations: bool = typer.Option(False, "--ablations", help="Also run OptiCo with each of its parts off."),

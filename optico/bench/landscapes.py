@@ -275,9 +275,13 @@ def model_agreement(landscape: Landscape) -> dict[str, float | None]:
     """How far the tuner's performance model (the shipped constants, before any measurement) is
     from a landscape, in `optico perfmodel evaluate`'s terms: over the configurations that run,
     MFU and peak-memory median absolute percentage errors and the Spearman rank correlation of
-    MFU (all, and within the model's top 5 %); over all configurations, fit/OOM accuracy; and the
+    MFU (all, and within the model's top 5 %); over all configurations, fit/OOM accuracy; the
     true MFU of the model's favourite (the best predicted configuration it expects to fit) as a
-    fraction of the optimum (0 = it fails there)."""
+    fraction of the optimum (0 = it fails there); and how hard 98 % of the optimum is to reach: how
+    many configurations get there (`near_optimal`) and where the first of them sits in the model's
+    ranking of what it expects to fit (`model_rank_98`, 1 = its favourite; None = the model expects
+    none of them to fit). A rank far beyond the budget means reaching 98 % takes luck or a lot of
+    learning: the trials must overturn the model's order."""
     from scipy.stats import spearmanr
 
     model = landscape.job_model()
@@ -292,6 +296,9 @@ def model_agreement(landscape: Landscape) -> dict[str, float | None]:
     expected = [s for s, f in zip(landscape.candidates, fits) if f]
     favourite = max(expected, key=model.mfu) if expected else None
     pick = landscape.true_mfu(favourite) if favourite is not None else None
+    target = 0.98 * landscape.optimum_mfu
+    ranked = sorted(expected, key=model.mfu, reverse=True)
+    rank_98 = next((i for i, s in enumerate(ranked, start=1) if (landscape.true_mfu(s) or 0.0) >= target), None)
 
     def rho(a: np.ndarray, b: np.ndarray) -> float | None:
         return float(spearmanr(a, b).correlation) if len(a) > 2 else None
@@ -300,7 +307,8 @@ def model_agreement(landscape: Landscape) -> dict[str, float | None]:
             "mem_median_ape": float(np.median([abs(p - t) / t for p, t in mem])) if mem else None,
             "spearman": rho(pred, true), "spearman_top5": rho(pred[top], true[top]),
             "fit_accuracy": float(np.mean([a == b for a, b in zip(fits, real)])),
-            "model_pick": (pick or 0.0) / landscape.optimum_mfu}
+            "model_pick": (pick or 0.0) / landscape.optimum_mfu,
+            "near_optimal": int((true >= target).sum()), "model_rank_98": rank_98}
 
 
 def _evaluate_all(launcher: Launcher, w: Workload, candidates: list[Strategy]) -> dict[str, Truth]:

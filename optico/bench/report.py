@@ -106,19 +106,28 @@ def markdown(doc: dict[str, Any]) -> str:
                          + (f" ({g['detail']})" if g.get("detail") else ""))
         lines.append("")
     names = [n for n in meta["tuners"] if n != "expert"]
-    head = ["landscape", "group", "configs", "optimum MFU", "model ρ", "model pick"] + [f"{n} @10" for n in names]
+    head = ["landscape", "group", "configs", "optimum MFU", "model ρ", "model pick",
+                                                                  "≥98 % (model rank)"] + [f"{n} @10" for n in names]
     lines += ["Per landscape: mean best @10 (% of optimum).", "",
               "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for e in doc["landscapes"]:
         a = e["landscape"].get("model_agreement") or {}
         rho = a.get("spearman")
         row = [e["name"], e["group"], str(e["landscape"]["configurations"]), _pct(e["optimum_mfu"]),
-               "–" if rho is None else f"{rho:.2f}", _pct(a.get("model_pick"))]
+               "–" if rho is None else f"{rho:.2f}", _pct(a.get("model_pick")), _near_optimal(a)]
         row += [_pct(e["tuners"][n]["best_at_10"]) if n in e["tuners"] else "–" for n in names]
         lines.append("| " + " | ".join(row) + " |")
     if doc.get("skipped"):
         lines += ["", "Refused or skipped: " + "; ".join(f"{s['name']} ({s['reason']})" for s in doc["skipped"])]
     return "\n".join(lines) + "\n"
+
+
+def _near_optimal(agreement: dict[str, Any]) -> str:
+    """"n (#r)": n configurations reach 98 % of the optimum, the first at rank r of the model's order."""
+    if agreement.get("near_optimal") is None:
+        return "–"
+    rank = agreement.get("model_rank_98")
+    return f"{agreement['near_optimal']} (#{rank})" if rank is not None else f"{agreement['near_optimal']} (–)"
 
 
 def result_document(doc: dict[str, Any]) -> dict[str, Any]:

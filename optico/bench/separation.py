@@ -46,8 +46,8 @@ def shipped_fit_files() -> list[Path]:
 
 DEV_LANDSCAPE_SEEDS: tuple[int, ...] = (0, 1, 2)
 # Drawn once the constants below were frozen; a new salt means new test landscapes.
-TEST_SALT = "i13-test-2026-11-24-c"  # drawn after the fit floor (third freeze) was frozen
-FROZEN_DIGEST = "8abcd8c2f5964b86"  # the constants' digest when TEST_SALT was drawn (frozen_digest())
+TEST_SALT = "i13-test-2026-11-24-d"  # drawn after the tie relative to the incumbent (fourth freeze) was frozen
+FROZEN_DIGEST = "aa95c7c53bb5d939"  # the constants' digest when TEST_SALT was drawn (frozen_digest())
 
 
 class LandscapeOverlap(ValueError):
@@ -150,6 +150,8 @@ def frozen_digest() -> str:
                        "lookahead": stopping.LOOKAHEAD}
     # Added with the fit floor and the memory correction that may not reassure (issue 13, third freeze).
     frozen["fit"] = {"min_fit_chance": acquisition.MIN_FIT_CHANCE, "no_reassurance_beyond_measured": True}
+    # The tie became a share of the incumbent's MFU (issue 13, fourth freeze).
+    frozen["tie_is_relative"] = True
     return hashlib.sha256(json.dumps(frozen, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -78,7 +78,9 @@ def select_landscapes(suite: Suite = "all", files: Sequence[str | Path] = (), on
     if "independent" in groups:
         defs += thirdparty_defs(seed)
     if "out-of-form" in groups:
-        defs += _named(sim_defs(seed, effect_size=EFFECT_SIZE, group="out-of-form", suffix="+oof"), OUT_OF_FORM, "+oof")
+        # --all-clusters: every preset and cluster (the wider set to develop on; four are reported).
+        oof = sim_defs(seed, all_clusters=all_clusters, effect_size=EFFECT_SIZE, group="out-of-form", suffix="+oof")
+        defs += oof if all_clusters else _named(oof, OUT_OF_FORM, "+oof")
     if "real" in groups:
         seen: set[str] = set()
         for f in real_files() if suite != "replay" else [PACKAGED_REPLAY]:

@@ -111,6 +111,22 @@ def test_model_rank_and_ordered_encoding(tiny_defs):
     assert codes.shape == (len(landscape.candidates), 4)
 
 
+def test_model_agreement_says_how_far_98_percent_sits_in_the_models_order():
+    from optico.bench.landscapes import model_agreement
+
+    landscape = tiny_sim(effect_size=0.10).build()
+    a = model_agreement(landscape)
+    target = 0.98 * landscape.optimum_mfu
+    near = [s for s in landscape.candidates if (landscape.true_mfu(s) or 0.0) >= target]
+    assert a["near_optimal"] == len(near) >= 1  # the optimum itself at least
+    model = landscape.job_model()
+    expected = sorted((s for s in landscape.candidates if model.mem_gib(s) <= model.limit_gib),
+                      key=model.mfu, reverse=True)
+    first = expected[a["model_rank_98"] - 1]
+    assert landscape.true_mfu(first) >= target
+    assert all((landscape.true_mfu(s) or 0.0) < target for s in expected[: a["model_rank_98"] - 1])
+
+
 def test_separation_refuses_calibration_rows(tiny_defs):
     replay = tiny_defs[1]
     assert replay.calibration and "without-optico_llama3_8b_a100" in replay.calibration
@@ -162,6 +178,9 @@ def test_select_landscapes():
     assert all(n.endswith("+oof") for n in groups["out-of-form"])
     sweep = select_landscapes("out-of-form", dev=True, sweep=[0.0, 0.2])
     assert {d.group for d in sweep} == {"out-of-form", "sweep 0.00", "sweep 0.20"}
+    wide = select_landscapes("out-of-form", dev=True, all_clusters=True)
+    assert len(wide) > len(groups["out-of-form"]) and {d.group for d in wide} == {"out-of-form"}
+    assert {n for n in groups["out-of-form"]} < {d.name for d in wide}  # the reported four among them
     assert select_landscapes("sim", dev=True)[0].landscape_seed == separation.DEV_LANDSCAPE_SEEDS[1]
     assert select_landscapes("sim")[0].landscape_seed == separation.test_landscape_seed(0)
     with pytest.raises(ValueError, match="--suite"):

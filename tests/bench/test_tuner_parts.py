@@ -148,3 +148,32 @@ def test_memory_correction_does_not_reassure_beyond_the_largest_configuration_me
     assert chance(mid, corrected=False) < 0.99
     assert model.fit_probability(mid) == pytest.approx(chance(mid, corrected=True))  # within measured sizes it counts
     assert model.fit_probability(mid) > chance(mid, corrected=False) + 0.005
+
+
+class _Scaled:
+    """Beliefs per candidate, every MFU multiplied by `scale` (the incumbent too)."""
+
+    def __init__(self, mfus: dict, scale: float):
+        self.mfus, self.scale = mfus, scale
+
+    def belief(self, s):
+        return Belief(log_mfu=math.log(self.mfus[s] * self.scale), log_mfu_sd=0.05, fit=1.0, mem_gib=0.0,
+                      mem_log_error=0.0, mem_log_error_sd=0.0)
+
+    def incumbent_mfu(self):
+        return 0.5 * self.scale
+
+
+def test_ranking_does_not_depend_on_the_workloads_mfu_scale():
+    """A workload at 0.2 % MFU ranks like one at 50 %: a tie is a share of the incumbent, not an
+    absolute MFU (an absolute 5e-4 tied every score at 0.2 % and handed the launch to the smallest move)."""
+    small, large = "one standard change", "three changes, a larger expected gain"
+    mfus = {small: 0.49, large: 0.52}
+    entries = [(small, 1, True), (large, 3, False)]
+    for scale in (1.0, 0.004):
+        ranked = acquisition.rank(_Scaled(mfus, scale), entries, answer_health=False)
+        assert [r[3] for r in ranked] == [large, small], scale
+    # a real tie (gains within a share of the incumbent) still goes to the smaller, standard move
+    level = {small: 0.5, large: 0.5}
+    for scale in (1.0, 0.004):
+        assert acquisition.rank(_Scaled(level, scale), entries, answer_health=False)[0][3] == small
