@@ -106,8 +106,8 @@ def markdown(doc: dict[str, Any]) -> str:
                          + (f" ({g['detail']})" if g.get("detail") else ""))
         lines.append("")
     names = [n for n in meta["tuners"] if n != "expert"]
-    head = ["landscape", "group", "configs", "optimum MFU", "model ρ", "model pick",
-                                                                  "≥98 % (model rank)"] + [f"{n} @10" for n in names]
+    head = (["landscape", "group", "configs", "optimum MFU", "model ρ", "model pick", "≥98 % (model rank)"]
+            + [f"{n} @10" for n in names])
     lines += ["Per landscape: mean best @10 (% of optimum).", "",
               "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for e in doc["landscapes"]:
