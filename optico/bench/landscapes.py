@@ -294,10 +294,9 @@ def model_agreement(landscape: Landscape) -> dict[str, float | None]:
     fits = [model.mem_gib(s) <= model.limit_gib for s in landscape.candidates]
     real = [landscape.true_mfu(s) is not None for s in landscape.candidates]
     expected = [s for s, f in zip(landscape.candidates, fits) if f]
-    favourite = max(expected, key=model.mfu) if expected else None
-    pick = landscape.true_mfu(favourite) if favourite is not None else None
+    ranked = sorted(expected, key=model.mfu, reverse=True)  # the model's order; [0] is its favourite
+    pick = landscape.true_mfu(ranked[0]) if ranked else None
     target = 0.98 * landscape.optimum_mfu
-    ranked = sorted(expected, key=model.mfu, reverse=True)
     rank_98 = next((i for i, s in enumerate(ranked, start=1) if (landscape.true_mfu(s) or 0.0) >= target), None)
 
     def rho(a: np.ndarray, b: np.ndarray) -> float | None:
