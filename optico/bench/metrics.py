@@ -1,4 +1,4 @@
-"""From trials to figures: per run, then medians over seeds, then over landscapes.
+"""From trials to figures: one run's (the means over runs and their intervals are `optico.bench.summary`'s).
 
 A run's *best so far* after k trials is the configuration with the highest **measured** MFU
 among its first k trials (what the tuner would deploy), scored by its **true** (noise-free)
@@ -8,12 +8,9 @@ Per run: `frac_of_opt_at` budgets 5, 10, 20 (a budget beyond the run's takes the
 `trials_to_98` — the first k whose best so far reaches 98 % of the optimum; `trials_to_expert`
 — the first k whose best so far reaches the expert configuration's true MFU (within
 `EXPERT_TOLERANCE`, below the run-to-run noise); either threshold never reached counts as
-budget + 1. `failed_frac`: failed launches (OOM, hang, error, not measured) over launches.
+budget + 1. `failed_frac`: failed launches (OOM, hang, error, not measured) over launches; `oom`:
+how many of them ran out of memory (the failures a tuner chooses; hangs come at the landscape's rate).
 `gpu_hours`: what the launches cost.
-
-Aggregation: each landscape takes the median over seeds; a tuner's headline figure is the median
-of its landscapes' medians (every landscape weighs the same). `trials_to_expert` is left out
-where a landscape has no expert baseline, or the expert configuration fails there.
 """
 
 from __future__ import annotations
@@ -21,14 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from optico.bench.tuners import TrialOutcome
 
 AT_BUDGETS: tuple[int, ...] = (5, 10, 20)
 THRESHOLD = 0.98
 EXPERT_TOLERANCE = 0.005  # relative: closer than this to the expert's MFU counts as reaching it
-METRIC_KEYS = ("frac_of_opt_at", "trials_to_98", "trials_to_expert", "failed_frac", "gpu_hours")
 
 
 def best_so_far(outcomes: Sequence[TrialOutcome], optimum: float, budget: int) -> list[float]:
@@ -64,6 +58,7 @@ def run_metrics(outcomes: Sequence[TrialOutcome], optimum: float, expert_mfu: fl
         "auc": float(sum(curve) / len(curve)) if curve else 0.0,
         "first_98": reached if reached <= budget else None,
         "failed": sum(not o.ok for o in outcomes),
+        "oom": sum(o.failure == "oom" for o in outcomes),
         "curve_gpu_hours": by_cost,
         "trials_to_98": _first_reaching(curve, THRESHOLD, budget),
         "trials_to_expert": None if expert_mfu is None else
@@ -73,35 +68,3 @@ def run_metrics(outcomes: Sequence[TrialOutcome], optimum: float, expert_mfu: fl
         "trials": launched,
         "curve": curve,
     }
-
-
-def _median(values: Sequence[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return float(np.median(present)) if present else None
-
-
-def median_metrics(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The median of each figure over `items` (runs, or landscapes' medians); None-valued items
-    are left out of that figure."""
-    return {
-        "frac_of_opt_at": {str(b): _median([m["frac_of_opt_at"][str(b)] for m in items]) for b in AT_BUDGETS},
-        "trials_to_98": _median([m["trials_to_98"] for m in items]),
-        "trials_to_expert": _median([m["trials_to_expert"] for m in items]),
-        "failed_frac": _median([m["failed_frac"] for m in items]),
-        "gpu_hours": _median([m["gpu_hours"] for m in items]),
-        "trials": _median([m["trials"] for m in items]),
-    }
-
-
-def reached_share(runs: Sequence[dict[str, Any]], budget: int) -> float | None:
-    """Share of runs that reached 98 % of the optimum within the budget."""
-    return float(np.mean([r["trials_to_98"] <= budget for r in runs])) if runs else None
-
-
-def curve_band(runs: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
-    """Median and quartiles of best-so-far per trial over runs (for the convergence plot)."""
-    if not runs:
-        return {"median": [], "q25": [], "q75": []}
-    grid = np.array([r["curve"] for r in runs])
-    return {"median": np.median(grid, axis=0).tolist(), "q25": np.quantile(grid, 0.25, axis=0).tolist(),
-            "q75": np.quantile(grid, 0.75, axis=0).tolist()}

@@ -42,7 +42,7 @@ def group_table(doc: dict[str, Any], group: str) -> list[str]:
     g = doc["groups"][group]
     budget = doc["meta"]["budget"]
     head = ["tuner", "best @5", "best @10 [95 % CI]", f"best @{budget}", "AUC [95 % CI]", "→98 % by 10",
-            f"→98 % by {budget}", "failed launches", "launches", "GPU-h", "best @ equal GPU-h"]
+            f"→98 % by {budget}", "failed launches", "of which OOM", "launches", "GPU-h", "best @ equal GPU-h"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for name, f in sorted(g["tuners"].items(), key=lambda kv: -(kv[1]["best_at"]["10"]["mean"] or 0)):
         label = f"**{name}**" if name == "optico" else (f"{name} (strongest baseline)" if name == g["strongest"]
@@ -51,7 +51,7 @@ def group_table(doc: dict[str, Any], group: str) -> list[str]:
         lines.append("| " + " | ".join([
             label, _pct(f["best_at"]["5"]["mean"]), _ci(f["best_at"]["10"]), _pct(at_budget["mean"]), _ci(f["auc"]),
             _pct(f["reached_98_at_10"]["mean"], 0) + " %", _pct(f["reached_98"]["mean"], 0) + " %",
-            _pct(f["failed_launches"]) + " %", f"{f['launches']:.1f}", f"{f['gpu_hours']:.1f}",
+            _pct(f["failed_launches"]) + " %", _pct(f.get("oom_launches")) + " %", f"{f['launches']:.1f}", f"{f['gpu_hours']:.1f}",
             _pct(f["best_equal_gpu_hours"]["mean"])]) + " |")
     pairs = g["paired"].get("optico", {})
     if g["strongest"] and g["strongest"] in pairs:
@@ -87,7 +87,8 @@ def markdown(doc: dict[str, Any]) -> str:
              f"{meta['cpu_seconds']:.0f} s, {meta['jobs']} worker(s) on {meta['cpus']} CPU(s).", "",
              "Figures are means over runs (landscape x seed) in % of each landscape's optimum, with bootstrap 95 % "
              "intervals (seeds resampled within landscapes); AUC = mean best-so-far over the budget; →98 % = share "
-             "of runs whose best reached 98 % of the optimum; failed launches = failed / all launches.", ""]
+             "of runs whose best reached 98 % of the optimum; failed launches = failed / all launches (of which OOM: "
+             "out of memory; hangs come at the landscape's own rate).", ""]
     for group in _group_order(doc):
         title = GROUP_TITLES.get(group, f"Out-of-form effects of size {group.split()[-1]} (sensitivity sweep)")
         lines += [f"### {title}", "", f"{len(doc['groups'][group]['landscapes'])} landscapes.", ""]

@@ -38,6 +38,7 @@ def test_json_schema_groups_and_pairs(tiny_doc, tmp_path: Path):
         o = group["tuners"]["optico"]
         assert o["best_at"]["10"]["lo"] <= o["best_at"]["10"]["mean"] <= o["best_at"]["10"]["hi"] <= 1 + 1e-9
         assert len(o["ecdf_98"]) == BUDGET and o["runs"] == SEEDS
+        assert 0 <= o["oom_launches"] <= o["failed_launches"] <= 1
         assert group["strongest"] in ("model-greedy", "random-fit", "tpe-warm")
         assert set(group["paired"]["optico"]) == {"model-greedy", "random-fit", "tpe-warm"}
     assert doc["meta"]["budget"] == BUDGET and doc["meta"]["seeds"] == SEEDS and "frozen" in doc["meta"]
@@ -58,7 +59,11 @@ def test_run_metrics_thresholds_and_costs():
     outcomes = [_outcome(1, None, None), _outcome(2, 0.81, 0.8), _outcome(3, 0.85, 0.9)]
     m = run_metrics(outcomes, optimum=1.0, expert_mfu=0.8, budget=6)
     assert m["first_98"] is None and m["trials_to_98"] == 7 and m["trials_to_expert"] == 2
-    assert m["failed"] == 1 and m["gpu_hours"] == pytest.approx(3.0)
+    assert m["failed"] == 1 and m["oom"] == 1 and m["gpu_hours"] == pytest.approx(3.0)
+    hang = TrialOutcome(index=4, signature="s4", config="c4", ok=False, measured_mfu=None, true_mfu=None,
+                        failure="hang", gpu_seconds=600.0)
+    with_hang = run_metrics([*outcomes, hang], optimum=1.0, expert_mfu=0.8, budget=6)
+    assert with_hang["failed"] == 2 and with_hang["oom"] == 1  # a hang is a failure the tuner did not choose
     assert m["frac_of_opt_at"] == {"5": 0.9, "10": 0.9, "20": 0.9}  # a stopped run keeps its best
     assert m["auc"] == pytest.approx((0 + 0.8 + 0.9 * 4) / 6)
     assert [c for c, _ in m["curve_gpu_hours"]] == [1.0, 2.0, 3.0]
