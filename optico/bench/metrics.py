@@ -1,4 +1,4 @@
-"""From trials to figures: one run's (the means over runs and their intervals are `optico.bench.summary`'s).
+"""One run's figures from its trials (means over runs, and their intervals: `optico.bench.summary`).
 
 A run's *best so far* after k trials is the configuration with the highest **measured** MFU
 among its first k trials (what the tuner would deploy), scored by its **true** (noise-free)

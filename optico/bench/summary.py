@@ -42,7 +42,7 @@ def _figures(runs: list[dict[str, Any]], strata: list[str], budget: int) -> dict
                                            strata),
         "reached_98": bootstrap_mean([float(r["first_98"] is not None) for r in runs], strata),
         "failed_launches": (sum(r["failed"] for r in runs) / launches) if launches else None,
-        "oom_launches": (sum(r.get("oom", 0) for r in runs) / launches) if launches else None,
+        "oom_launches": (sum(r["oom"] for r in runs) / launches) if launches else None,
         "launches": float(np.mean([r["trials"] for r in runs])),
         "gpu_hours": float(np.mean([r["gpu_hours"] for r in runs])),
         "best_equal_gpu_hours": bootstrap_mean([r["best_equal_cost"] for r in runs], strata),
@@ -76,7 +76,7 @@ def summarize(results: list[dict[str, Any]], tuners: list[str], budget: int, see
                                       "reached_98": float(np.mean([x["first_98"] is not None for x in runs])),
                                       "failed_launches": sum(x["failed"] for x in runs) / max(1, sum(x["trials"]
                                                                                                   for x in runs)),
-                                      "oom_launches": sum(x.get("oom", 0) for x in runs) / max(1, sum(x["trials"]
+                                      "oom_launches": sum(x["oom"] for x in runs) / max(1, sum(x["trials"]
                                                                                                     for x in runs))}
         landscapes.append(entry)
     groups = {}
