@@ -21,6 +21,16 @@ from optico.knobs import ALIASES, BY_NAME, KNOBS, PAPER_NAMES, RETIRED, SIGNATUR
 __all__ = ["Strategy", "FIELDS", "ALIASES", "PAPER_NAMES", "canonical_field", "strategy_from_mapping",
            "display_value"]
 
+# The knobs `Strategy.short` writes in its own compact form; every other knob it writes by name.
+_SHORT_FIELDS = frozenset({
+    "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+    "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size", "micro_batch_size",
+    "recompute_granularity", "recompute_method", "recompute_num_layers", "cpu_offloading_num_layers",
+    "sequence_parallel", "use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather",
+    "tp_comm_overlap", "cross_entropy_loss_fusion", "overlap_moe_expert_parallel_comm",
+    "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"})
+
 
 class _StrategyBase(BaseModel):
     """A complete configuration of the tuned knobs. Defaults are Megatron-LM's.
@@ -190,6 +200,9 @@ class _StrategyBase(BaseModel):
         if s.account_for_embedding_in_pipeline_split or s.account_for_loss_in_pipeline_split:
             parts.append("split+" + "+".join(n for n, on in [("emb", s.account_for_embedding_in_pipeline_split),
                                                               ("loss", s.account_for_loss_in_pipeline_split)] if on))
+        # Every other knob off its default, by its registry name, so two configurations never read alike.
+        rest = [(k, getattr(s, k.name)) for k in KNOBS if k.name not in _SHORT_FIELDS and k.active(s)]
+        flags += [k.paper if v is True else f"{k.paper}={k.show(v)}" for k, v in rest]
         return " ".join(parts + flags)
 
 

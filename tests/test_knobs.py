@@ -164,3 +164,13 @@ def test_a_knob_needs_only_its_declaration():
     Extended = strategy_class((*KNOBS, clone), {})
     s = Extended(cross_entropy_loss_fusion_copy=True)
     assert "--cross-entropy-loss-fusion-copy" in [a for k in (*KNOBS, clone) for a in k.args(s)]
+
+
+def test_short_tells_apart_configurations_that_differ_in_any_knob():
+    # The bench's trial logs and the CLI's tables name configurations by `short()`: two MoE layouts that
+    # differed only in the token dispatcher used to read alike.
+    space = SearchSpace.build(MOE, ["ep", "moe_token_dispatcher_type", "moe_grouped_gemm", "overlap_p2p_comm",
+                                    "batch_p2p_comm", "pp"], {"use_distributed_optimizer": True})
+    candidates = list(space.enumerate(MOE))
+    assert len({s.signature() for s in candidates}) > 8
+    assert len({s.short() for s in candidates}) == len({s.signature() for s in candidates})
