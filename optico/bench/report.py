@@ -51,7 +51,7 @@ def group_table(doc: dict[str, Any], group: str) -> list[str]:
         lines.append("| " + " | ".join([
             label, _pct(f["best_at"]["5"]["mean"]), _ci(f["best_at"]["10"]), _pct(at_budget["mean"]), _ci(f["auc"]),
             _pct(f["reached_98_at_10"]["mean"], 0) + " %", _pct(f["reached_98"]["mean"], 0) + " %",
-            _pct(f["failed_launches"]) + " %", _pct(f.get("oom_launches")) + " %",  # absent in older JSON
+            _pct(f["failed_launches"]) + " %", _pct(f["oom_launches"]) + " %",
             f"{f['launches']:.1f}", f"{f['gpu_hours']:.1f}",
             _pct(f["best_equal_gpu_hours"]["mean"])]) + " |")
     pairs = g["paired"].get("optico", {})

@@ -71,13 +71,12 @@ def summarize(results: list[dict[str, Any]], tuners: list[str], budget: int, see
         for n in names:
             runs = r["runs"].get(n)
             if runs:
+                launched = max(1, sum(x["trials"] for x in runs))
                 entry["tuners"][n] = {"best_at_10": float(np.mean([x["frac_of_opt_at"]["10"] for x in runs])),
                                       "auc": float(np.mean([x["auc"] for x in runs])),
                                       "reached_98": float(np.mean([x["first_98"] is not None for x in runs])),
-                                      "failed_launches": sum(x["failed"] for x in runs) / max(1, sum(x["trials"]
-                                                                                                  for x in runs)),
-                                      "oom_launches": sum(x["oom"] for x in runs) / max(1, sum(x["trials"]
-                                                                                                    for x in runs))}
+                                      "failed_launches": sum(x["failed"] for x in runs) / launched,
+                                      "oom_launches": sum(x["oom"] for x in runs) / launched}
         landscapes.append(entry)
     groups = {}
     for group, rs in by_group.items():
