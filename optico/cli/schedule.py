@@ -100,10 +100,9 @@ def schedule_show(name: str, history: int = typer.Option(20, "--history", min=0,
     store, _ = open_store(database)
     with store:
         try:
-            s = store.get_schedule(name)
+            s, ticks = store.schedule_with_history(name, history)
         except KeyError:
             fail(f"schedule: no schedule named {name!r}")
-        ticks = store.ticks(s.id, limit=history)
     inc = s.incumbent
     console.print(f"{s.name}: {s.spec.workload.describe()}, cron '{s.cron}' (UTC), next {_when(s.next_fire_at)}",
                   highlight=False)

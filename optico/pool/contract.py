@@ -314,6 +314,11 @@ class Store(ABC):
         """Ticks of one schedule (or of all), newest first, optionally of one status."""
 
     @abstractmethod
+    def schedule_with_history(self, name: str, limit: int = 50) -> tuple[ScheduleRecord, list[TickRecord]]:
+        """The schedule and its `limit` newest ticks, consistent: a tick read as ended has its incumbent
+        in the schedule read with it. KeyError if unknown."""
+
+    @abstractmethod
     def add_schedule_event(self, schedule_id: int, event: ScheduleEvent) -> int:
         """Appends an event to the schedule's log and returns its `seq` (1, 2, ... per schedule)."""
 

@@ -283,6 +283,12 @@ class ScheduleSql:
         with self._session(read=True) as s:
             return [_tick(r) for r in s.scalars(query)]
 
+    def schedule_with_history(self, name: str, limit: int = 50) -> tuple[ScheduleRecord, list[TickRecord]]:
+        # A tick's end and its new incumbent are one commit, but two reads see two snapshots: the schedule
+        # is read again after its ticks, so a tick seen ended never comes with the incumbent it replaced.
+        ticks = self.ticks(self.get_schedule(name).id, limit=limit) if limit else []
+        return self.get_schedule(name), ticks
+
     # -- the schedule event log ----------------------------------------------------------------------
     def add_schedule_event(self, schedule_id: int, event: ScheduleEvent) -> int:
         with self._session() as s:

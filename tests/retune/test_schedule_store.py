@@ -96,3 +96,30 @@ def test_a_webhook_url_is_kept_for_sending_but_registered_as_a_secret(store: Sql
     add_schedule(store, "a", webhook_url=url)
     assert store.get_schedule("a").webhook_url == url
     assert url not in redact(f"posting to {url}")
+
+
+def test_a_schedule_read_with_its_history_never_pairs_an_ended_tick_with_the_old_incumbent(store: SqlStore,
+                                                                                           monkeypatch) -> None:
+    # CI caught `GET /schedules/{name}` showing a retune's tick as done beside the incumbent it had replaced:
+    # the retune ended between the endpoint's read of the schedule and its read of the history.
+    from datetime import UTC, datetime
+
+    from optico.events import RetuneFinished
+    from optico.pool.records import Incumbent
+    from optico.strategy import Strategy
+
+    add_schedule(store, "a")
+    old = Incumbent(strategy=Strategy(), mfu=0.5, fingerprint={"torch": "1"}, measured_at=datetime(2026, 1, 1, tzinfo=UTC))
+    tick = store.claim_tick("a", "w1", 30)
+    store.record_tick(tick.id, "w1", "retuning", TickVerdict(outcome="regression"), incumbent=old)
+    new = old.model_copy(update={"mfu": 0.6, "fingerprint": {"torch": "2"}})
+    read_ticks = store.ticks
+
+    def retune_ends_just_before_the_history_is_read(*args, **kwargs):
+        store.complete_retune(tick.id, new_best_mfu=0.6, report={}, incumbent=new,
+                              event=RetuneFinished(tick_id=tick.id, job_id=1, job_status="done"))
+        return read_ticks(*args, **kwargs)
+
+    monkeypatch.setattr(store, "ticks", retune_ends_just_before_the_history_is_read)
+    schedule, ticks = store.schedule_with_history("a")
+    assert ticks[0].status == "done" and schedule.incumbent is not None and schedule.incumbent.mfu == 0.6

@@ -196,8 +196,10 @@ def list_schedules(store: StoreDep, _: ReadToken) -> list[ScheduleView]:
 def get_schedule(name: str, store: StoreDep, _: ReadToken,
                  history: Annotated[int, Query(ge=0, le=1000, description="Ticks to include.")] = 50) -> ScheduleDetail:
     """One schedule and its history: each tick's verdict, the incumbent's change, the retune's new best."""
-    record = _schedule(store, name)
-    ticks = store.ticks(record.id, limit=history) if history else []
+    try:
+        record, ticks = store.schedule_with_history(name, history)
+    except KeyError:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no schedule named {name!r}") from None
     return ScheduleDetail(**schedule_view(record, store.db_now()), history=[tick_view(t) for t in ticks])
 
 
