@@ -52,6 +52,41 @@ def test_residual_gp_scales_its_prior_to_the_errors_it_sees(true_sd, expect):
     assert few.scale == (1.0, 1.0)
 
 
+def test_residual_gp_averages_over_its_prior_factors():
+    """The prediction is the mixture of the GPs under every pair of factors, each weighted by marginal
+    likelihood times the hyperprior (computed here independently, with scipy), moment-matched; it is
+    never narrower than the most likely pair's at an untried configuration."""
+    from scipy.stats import multivariate_normal
+
+    from optico.perfmodel import residual
+
+    rng = np.random.default_rng(3)
+    X = _random_configs(rng, 8)
+    y = rng.normal(0.05, 0.08, len(X))
+    prior = ResidualPrior()
+    Z = np.vstack([X[:2], [[9, 9, 9, 9, 9], [0, 9, 1, 9, 2]]])
+    weights, means, variances = [], [], []
+    for a in residual.SCALES:
+        for b in residual.SCALES:
+            scaled = prior.scaled(a, b)
+            one = ResidualGP(5, scaled, adapt=False).fit(X, y)
+            cov = one.kernel(X, X) + scaled.noise**2 * np.eye(len(X))
+            hyper = -0.5 * ((math.log(a) / residual.SCALE_HYPERPRIOR_SD) ** 2 + (math.log(b) / residual.SCALE_HYPERPRIOR_SD) ** 2)
+            weights.append(multivariate_normal(np.zeros(len(X)), cov).logpdf(y) + hyper)
+            mean, sd = one.predict(Z)
+            means.append(mean)
+            variances.append(sd**2)
+    w = np.exp(np.array(weights) - max(weights))
+    w /= w.sum()
+    mixture_mean = w @ np.array(means)
+    mixture_sd = np.sqrt(w @ (np.array(variances) + np.array(means) ** 2) - mixture_mean**2)
+    gp = ResidualGP(5, prior).fit(X, y)
+    mean, sd = gp.predict(Z)
+    assert mean == pytest.approx(mixture_mean, abs=2e-3) and sd == pytest.approx(mixture_sd, rel=0.02)
+    most_likely = ResidualGP(5, prior.scaled(*gp.scale), adapt=False).fit(X, y)
+    assert sd[2] > most_likely.predict(Z)[1][2]  # the factors' own uncertainty widens the belief
+
+
 def test_expected_improvement_matches_monte_carlo():
     rng = np.random.default_rng(1)
     mu, sd, best = math.log(0.5), 0.08, 0.52
