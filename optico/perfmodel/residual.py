@@ -151,10 +151,6 @@ class ResidualGP:
         self._mixture = [_Fit(w / total, self.base_prior.scaled(*f), fits[f][1], fits[f][2]) for f, w in kept.items()]
         return self
 
-    @property
-    def n(self) -> int:
-        return len(self._X) if self._mixture else 0
-
     def predict(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(posterior mean, posterior standard deviation) of the log error at each row of Z."""
         Z = np.asarray(Z, dtype=np.int64).reshape(-1, self.F)

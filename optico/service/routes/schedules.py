@@ -5,6 +5,8 @@ schedule, 404 for an unknown one."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -157,11 +159,18 @@ def _spec_error(exc: SpecError) -> HTTPException:
                          detail=[{"loc": ["body", "spec", *parts], "msg": exc.reason, "type": "spec_error"}])
 
 
-def _schedule(store, name: str) -> ScheduleRecord:
+@contextmanager
+def _known(name: str) -> Iterator[None]:
+    """A store's KeyError for the schedule `name` becomes a 404."""
     try:
-        return store.get_schedule(name)
+        yield
     except KeyError:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no schedule named {name!r}") from None
+
+
+def _schedule(store, name: str) -> ScheduleRecord:
+    with _known(name):
+        return store.get_schedule(name)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ScheduleView,
@@ -196,20 +205,16 @@ def list_schedules(store: StoreDep, _: ReadToken) -> list[ScheduleView]:
 def get_schedule(name: str, store: StoreDep, _: ReadToken,
                  history: Annotated[int, Query(ge=0, le=1000, description="Ticks to include.")] = 50) -> ScheduleDetail:
     """One schedule and its history: each tick's verdict, the incumbent's change, the retune's new best."""
-    try:
+    with _known(name):
         record, ticks = store.schedule_with_history(name, history)
-    except KeyError:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no schedule named {name!r}") from None
     return ScheduleDetail(**schedule_view(record, store.db_now()), history=[tick_view(t) for t in ticks])
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, responses=ERRORS)
 def delete_schedule(name: str, store: StoreDep, _: WriteToken) -> Response:
     """Removes the schedule and its history; its jobs (retunes included) stay in the pool."""
-    try:
+    with _known(name):
         store.delete_schedule(name)
-    except KeyError:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no schedule named {name!r}") from None
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
