@@ -32,7 +32,7 @@ from optico.agent_contracts import (
 )
 from optico.agents.generation import RulesGeneration
 from optico import faults
-from optico.agents.seeding import heuristic_start
+from optico.agents.seeding import start_configuration
 from optico.events import (
     STORED_KINDS,
     AgentOutput,
@@ -134,7 +134,7 @@ def seed(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
     if ctx.spec.baseline is not None:
         strategy, why = ctx.spec.baseline, "baseline from the spec (the expert's configuration)"
     else:
-        strategy, why = heuristic_start(ctx.pool, ctx.model, ctx.prior)
+        strategy, why = start_configuration(ctx.pool, ctx.model, ctx.prior)
     _say(ctx, job_id, 1, "seed", "seed", {"strategy": strategy.model_dump(mode="json")}, why)
     return {"candidate": strategy.model_dump(mode="json"), "rationale": why, "retry": False, "next_index": 1}
 

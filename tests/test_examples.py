@@ -1,5 +1,5 @@
-"""Every simulated example, over 10 seeds: started from the heuristic seed (not from the expert's
-baseline), the median run reaches the baseline's MFU within 10 trials, and at most 20 % of the
+"""Every simulated example, over 10 seeds: started from the job's own start (the model's pick, not
+the expert's baseline), the median run reaches the baseline's MFU within 10 trials, and at most 20 % of the
 trials fail. The baseline's MFU is the simulator's noise-free answer for the expert configuration."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ filtered for free (never launched), as OptiCo's guard does.
 - `random-fit`: random order over the configurations the model expects to fit.
 - `tpe`: Optuna's TPE sampler with every ordered knob (sizes, micro-batch, VPP, recompute level) an
   ordered integer index and flags categorical; starts from OptiCo's first configuration
-  (`heuristic_start`); a suggestion is mapped to the nearest admissible configuration (valid,
+  (`start_configuration`); a suggestion is mapped to the nearest admissible configuration (valid,
   untried, predicted to fit), so no suggestion is wasted on an invalid combination.
 - `tpe-warm`: the same, warm-started with the model's top `WARM_K` configurations after the start.
 - `gp-warm`: Optuna's GPSampler (a GP with a mixed Matern/Hamming kernel, log expected improvement)
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from optico.agents.seeding import heuristic_start
+from optico.agents.seeding import start_configuration
 from optico.bench.landscapes import Landscape, failure_kind
 from optico.bench.tuners import TrialOutcome
 from optico.guard import Guard
@@ -166,7 +166,7 @@ class OptunaSearch:
         dists, codes, ordered = _encoding(landscape)
         names = list(dists)
         span = np.maximum(codes.max(axis=0) - codes.min(axis=0), 1) if len(codes) else np.ones(len(names))
-        start = heuristic_start(landscape.candidates, model, [])[0]
+        start = start_configuration(landscape.candidates, model, [])[0]
         first = [start] + [s for s in model_ranking(landscape, model)[: self.warm + 1] if s != start][: self.warm]
         sampler = self._make_sampler(seed, len(first))
         study = optuna.create_study(direction="maximize", sampler=sampler)
