@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from optico.agent_contracts import AnalysisInput, GenerationInput
-from optico.agents.seeding import heuristic_start
+from optico.agents.seeding import start_configuration
 from optico.loop import _converged
 from optico.pool.store import SqlStore
 from optico.runner import build_context
@@ -55,7 +55,7 @@ def measure(spec: JobSpec, iterations: int, db_dir: Path) -> dict[str, Any]:
         store.finish_trial(trial.id, status=TrialStatus.OK if result.ok else TrialStatus.FAILED,
                            metrics=result.metrics, failure=failure, gpu_seconds=result.gpu_seconds)
 
-    seed, _ = heuristic_start(ctx.pool, ctx.model, [])
+    seed, _ = start_configuration(ctx.pool, ctx.model, [])
     run(1, seed)
     times = []
     for index in range(2, iterations + 2):
