@@ -46,8 +46,8 @@ def shipped_fit_files() -> list[Path]:
 
 DEV_LANDSCAPE_SEEDS: tuple[int, ...] = (0, 1, 2)
 # Drawn once the constants below were frozen; a new salt means new test landscapes.
-TEST_SALT = "i13-test-2026-11-25-f"  # drawn after the model's-pick start (sixth freeze) was frozen
-FROZEN_DIGEST = "2efa8a49ebbc130a"  # the constants' digest when TEST_SALT was drawn (frozen_digest())
+TEST_SALT = "i13-test-2026-11-25-g"  # drawn after the memory components (seventh freeze) were frozen
+FROZEN_DIGEST = "1388c033fd09aa89"  # the constants' digest when TEST_SALT was drawn (frozen_digest())
 
 
 class LandscapeOverlap(ValueError):
@@ -138,7 +138,7 @@ def frozen_digest() -> str:
     """A hash of every constant of the tuner that was tuned on development landscapes."""
     from optico.agents import acquisition, seeding, stopping
     from optico.perfmodel import residual
-    from optico.perfmodel.online import MEMORY_PRIOR
+    from optico.perfmodel.online import MEMORY_COMPONENTS_SD, MEMORY_PRIOR
     from optico.spec import Budget
 
     b = Budget()
@@ -156,6 +156,8 @@ def frozen_digest() -> str:
     frozen["scales_averaged"] = {"cutoff": residual.MIXTURE_CUTOFF}
     # A job without a baseline starts from the model's pick within memory headroom (sixth freeze).
     frozen["start"] = {"model_pick_within_headroom": seeding.HEADROOM}
+    # The memory correction also learns per-component errors (seventh freeze).
+    frozen["memory_components_sd"] = list(MEMORY_COMPONENTS_SD)
     return hashlib.sha256(json.dumps(frozen, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -4,7 +4,9 @@ MFU and peak memory: a Gaussian process on the model's log error over configurat
 (`optico.perfmodel.residual.ResidualGP`) is re-fitted after every trial. A prediction for an
 untried configuration is the model's, moved by what the trials say about the knob values, knob
 pairs and workload it shares with them, and comes with a standard deviation: how far off the model
-may still be there. A known OOM says memory was at least the limit there (a point just above it),
+may still be there. The memory GP also learns errors by component (`MEMORY_COMPONENTS_SD`: an
+activation factor, a logits factor, fixed GiB), which move each configuration by its own share of
+that component. A known OOM says memory was at least the limit there (a point just above it),
 which lifts the memory of the configurations that share its knob values; the chance of fitting reads
 the memory posterior's spread, so a configuration near the limit and far from every measurement is
 a risk, not a certainty.
@@ -34,6 +36,12 @@ from optico.perfmodel.residual import ResidualGP, ResidualPrior
 # 3 % on our H100 rows): smaller than MFU's per knob, and measured with little noise.
 MEMORY_PRIOR = ResidualPrior(offset=0.08, main=0.05, pair=0.03, config=0.02, noise=0.01)
 FIT_NOISE = 0.03  # run-to-run peak-memory spread around the posterior (allocator, fragmentation)
+# Beside it, the model's memory may be off by component: activations by a factor (kernels keep tensors
+# the model does not count, or free some it does), the loss's logits by a factor, and a fixed amount
+# per GPU (CUDA context, NCCL buffers, allocator). Prior standard deviations of (activation factor - 1,
+# logits factor - 1, fixed GiB); an error of that kind moves every configuration by its own share
+# of that component, which a knob-by-knob correction cannot express.
+MEMORY_COMPONENTS_SD = (0.2, 0.2, 2.0)
 from optico.strategy import FIELDS, Strategy
 from optico.trial import FailureCategory, Trial, TrialStatus
 from optico.workload import Workload
@@ -126,7 +134,7 @@ class JobModel:
         self._pool_index: dict[str, int] = {}
         self._pool: list[Strategy] = []
         self._pool_matrix = np.empty((0, len(FIELDS)))
-        self._pool_base: tuple[np.ndarray, np.ndarray] | None = None  # the pool's model MFU and memory
+        self._pool_base: tuple[np.ndarray, ...] | None = None  # the pool's model MFU, memory, memory features
 
     # -- set-up ---------------------------------------------------------------------------
     def prime(self, pool: list[Strategy]) -> None:
@@ -146,7 +154,15 @@ class JobModel:
     def _residual_models(self, n_fields: int) -> tuple[ResidualGP, ResidualGP]:
         """Fresh residual GPs (MFU, memory) over `n_fields` knobs."""
         adapt = SWITCHES.adaptive_prior
-        return ResidualGP(n_fields, self.prior, adapt=adapt), ResidualGP(n_fields, MEMORY_PRIOR, adapt=adapt)
+        return (ResidualGP(n_fields, self.prior, adapt=adapt),
+                ResidualGP(n_fields, MEMORY_PRIOR, adapt=adapt, feature_sd=MEMORY_COMPONENTS_SD))
+
+    def _memory_features(self, strategies: list[Strategy]) -> np.ndarray:
+        """Per strategy, the share of the model's peak memory that each component of
+        MEMORY_COMPONENTS_SD moves: activations / total, logits / total, 1 GiB / total."""
+        rows = [(m.activations_gib / m.total_gib, m.logits_gib / m.total_gib, 1.0 / m.total_gib)
+                for m in (self.base(s).memory for s in strategies)]
+        return np.array(rows, dtype=float).reshape(len(strategies), 3)
 
     def base(self, s: Strategy) -> Prediction:
         sig = s.signature()
@@ -194,7 +210,7 @@ class JobModel:
         self._gp.fit(*self._points(strategies, {sig: [math.log(self._mfu_measured[sig] /
                                                                  self.base(strategies[sig]).mfu)]
                                                      for sig in mfu}))
-        self._mem_gp.fit(*self._points(strategies, mem))
+        self._mem_gp.fit(*self._points(strategies, mem), self._memory_features([strategies[sig] for sig in mem]))
         self._largest_measured_gib = largest
         self._now, self._observed = {}, observed
         self.fit_id += 1
@@ -217,11 +233,13 @@ class JobModel:
         return max((self.mfu(s) for s in self._measured_strategies.values()), default=0.0)
 
     # -- corrections ----------------------------------------------------------------------
-    def _beliefs(self, Z: np.ndarray, base_mfu: np.ndarray, base_mem: np.ndarray) -> list[np.ndarray]:
+    def _beliefs(self, Z: np.ndarray, base_mfu: np.ndarray, base_mem: np.ndarray, mem_features: np.ndarray
+                 ) -> list[np.ndarray]:
         """`Belief`'s fields, as arrays, at the configurations `Z` (codes of the residual model's
-        columns) whose model MFU and memory are `base_mfu`, `base_mem`, under the current fit."""
+        columns) whose model MFU and memory are `base_mfu`, `base_mem` (and memory components
+        `mem_features`), under the current fit."""
         mean, sd = self._gp.predict(Z)
-        mem_mean, mem_sd = self._mem_gp.predict(Z)
+        mem_mean, mem_sd = self._mem_gp.predict(Z, mem_features)
         # Beyond every configuration measured, a correction may warn but not reassure: memory errors
         # are not one ratio across sizes (fixed overheads, per-layer terms), and a ratio learned on
         # smaller configurations promises larger ones a fit they may not have.
@@ -241,13 +259,15 @@ class JobModel:
         if sig in self._pool_index:  # not answered since the last fit
             if self._pool_base is None:  # the model's own predictions: the same for the whole job
                 bases = [self.base(p) for p in self._pool]
-                self._pool_base = np.array([b.mfu for b in bases]), np.array([b.mem_gib for b in bases])
+                self._pool_base = (np.array([b.mfu for b in bases]), np.array([b.mem_gib for b in bases]),
+                                   self._memory_features(self._pool))
             arrays = self._beliefs(self._pool_matrix[:, self._columns], *self._pool_base)
             rows = [Belief._make(row) for row in zip(*(a.tolist() for a in arrays))]
             self._now.update((key, rows[i]) for key, i in self._pool_index.items())
             return self._now[sig]
         base = self.base(s)
-        arrays = self._beliefs(self._vector(s)[None, self._columns], np.array([base.mfu]), np.array([base.mem_gib]))
+        arrays = self._beliefs(self._vector(s)[None, self._columns], np.array([base.mfu]), np.array([base.mem_gib]),
+                               self._memory_features([s]))
         found = self._now[sig] = Belief._make(float(a[0]) for a in arrays)
         return found
 

@@ -16,6 +16,9 @@ share, so one covariance expresses four kinds of error at once:
 
 with m the number of the F tuned knobs on which x and x' agree (a Hamming-type kernel: knob values
 are labels, TP 2 is not "between" TP 1 and 4 for a residual). Observations carry run-to-run noise.
+A caller may add numeric features of each configuration with a linear kernel beside it
+(`feature_sd`, the prior standard deviations of their coefficients): the memory model passes the
+share of each memory component, so an error in one component moves each configuration by its share.
 The posterior mean corrects the model where trials say it is wrong; the posterior standard deviation
 says how wrong it may still be at an untried configuration, which is what the acquisition
 (`optico.agents.acquisition`) and the stopping rule (`optico.agents.stopping`) spend trials on.
@@ -82,6 +85,7 @@ class _Fit(NamedTuple):
 
     weight: float
     prior: ResidualPrior
+    smooth: float  # the factor on the smooth part, which the feature terms share
     chol: np.ndarray  # Cholesky factor of the observations' covariance
     alpha: np.ndarray  # that covariance's inverse times the observations
 
@@ -94,9 +98,14 @@ class ResidualGP:
     never vary (every row equal) carry no information and are dropped by the caller via `columns`.
     """
 
-    def __init__(self, n_fields: int, prior: ResidualPrior | None = None, adapt: bool = True):
+    def __init__(self, n_fields: int, prior: ResidualPrior | None = None, adapt: bool = True,
+                 feature_sd: tuple[float, ...] = ()):
         self.base_prior = self.prior = prior or ResidualPrior()
         self.adapt = adapt
+        # Prior standard deviations of the coefficients of per-configuration features (a linear kernel
+        # beside the knob kernel; the caller passes the features to `fit` and `predict`).
+        self.feature_sd = np.asarray(feature_sd, dtype=float)
+        self._features = np.empty((0, len(self.feature_sd)))
         self.scale = (1.0, 1.0)  # the most likely (smooth, rough) factors of the last fit; 1 before `ADAPT_FROM` points
         self.F = max(1, n_fields)
         self._X = np.empty((0, self.F), dtype=np.int64)
@@ -117,19 +126,28 @@ class ResidualGP:
         """k(A_i, B_j) for every pair (len(A) x len(B))."""
         return self.kernel_of(self.agreements(A, B))
 
-    def _factor(self, m: np.ndarray, y: np.ndarray, prior: ResidualPrior) -> tuple[np.ndarray, np.ndarray, float]:
+    def feature_kernel(self, A: np.ndarray, B: np.ndarray, smooth: float = 1.0) -> np.ndarray | float:
+        """The linear kernel on features: sum_j (sd_j · smooth)^2 · A_ij · B_kj (0 without features)."""
+        if not len(self.feature_sd):
+            return 0.0
+        return (A * (self.feature_sd * smooth) ** 2) @ B.T
+
+    def _factor(self, m: np.ndarray, y: np.ndarray, prior: ResidualPrior, smooth: float = 1.0
+                ) -> tuple[np.ndarray, np.ndarray, float]:
         """(Cholesky factor, alpha, log marginal likelihood) of the observations (agreements `m`) under
-        `prior`."""
-        K = self.kernel_of(m, prior) + (prior.noise**2 + 1e-9) * np.eye(len(y))
+        `prior`, the feature terms scaled by `smooth`."""
+        K = (self.kernel_of(m, prior) + self.feature_kernel(self._features, self._features, smooth)
+             + (prior.noise**2 + 1e-9) * np.eye(len(y)))
         chol = np.linalg.cholesky(K)
         alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
         lml = -0.5 * float(y @ alpha) - float(np.log(np.diag(chol)).sum()) - 0.5 * len(y) * log(2 * pi)
         return chol, alpha, lml
 
-    def fit(self, X: np.ndarray, y: np.ndarray) -> "ResidualGP":
+    def fit(self, X: np.ndarray, y: np.ndarray, features: np.ndarray | None = None) -> "ResidualGP":
         X = np.asarray(X, dtype=np.int64).reshape(-1, self.F)
         y = np.asarray(y, dtype=float)
         self._X = X
+        self._features = self._features_of(features, len(y))
         self.prior, self.scale = self.base_prior, (1.0, 1.0)
         if not len(y):
             self._mixture = []
@@ -138,7 +156,7 @@ class ResidualGP:
         m = self.agreements(X, X)  # the same for every factor tried
 
         def log_posterior(factors: tuple[float, float]) -> tuple[float, np.ndarray, np.ndarray]:
-            chol, alpha, lml = self._factor(m, y, self.base_prior.scaled(*factors))
+            chol, alpha, lml = self._factor(m, y, self.base_prior.scaled(*factors), factors[0])
             return lml - 0.5 * sum((log(f) / SCALE_HYPERPRIOR_SD) ** 2 for f in factors), chol, alpha
 
         fits = {f: log_posterior(f) for f in grid}
@@ -148,21 +166,32 @@ class ResidualGP:
         weights = {f: float(np.exp(fits[f][0] - top)) for f in grid}
         kept = {f: w for f, w in weights.items() if w >= MIXTURE_CUTOFF}
         total = sum(kept.values())
-        self._mixture = [_Fit(w / total, self.base_prior.scaled(*f), fits[f][1], fits[f][2]) for f, w in kept.items()]
+        self._mixture = [_Fit(w / total, self.base_prior.scaled(*f), f[0], fits[f][1], fits[f][2])
+                         for f, w in kept.items()]
         return self
 
-    def predict(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(posterior mean, posterior standard deviation) of the log error at each row of Z."""
+    def _features_of(self, features: np.ndarray | None, n: int) -> np.ndarray:
+        if not len(self.feature_sd):
+            return np.empty((n, 0))
+        if features is None:
+            raise ValueError("this residual model reads features: pass them")
+        return np.asarray(features, dtype=float).reshape(n, len(self.feature_sd))
+
+    def predict(self, Z: np.ndarray, features: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(posterior mean, posterior standard deviation) of the log error at each row of Z (with its
+        features, when the model reads features)."""
         Z = np.asarray(Z, dtype=np.int64).reshape(-1, self.F)
+        phi = self._features_of(features, len(Z))
+        own = (phi * phi * self.feature_sd**2).sum(axis=1) if len(self.feature_sd) else np.zeros(len(Z))
         if not self._mixture:
-            return np.zeros(len(Z)), np.full(len(Z), self.prior.total)
+            return np.zeros(len(Z)), np.sqrt(self.prior.total**2 + own)
         m = self.agreements(Z, self._X)
         mean, second_moment = np.zeros(len(Z)), np.zeros(len(Z))
         for fit in self._mixture:
-            Ks = self.kernel_of(m, fit.prior)
+            Ks = self.kernel_of(m, fit.prior) + self.feature_kernel(phi, self._features, fit.smooth)
             fit_mean = Ks @ fit.alpha
             v = np.linalg.solve(fit.chol, Ks.T)
-            fit_var = np.maximum(fit.prior.total**2 - (v * v).sum(axis=0), 1e-10)
+            fit_var = np.maximum(fit.prior.total**2 + own * fit.smooth**2 - (v * v).sum(axis=0), 1e-10)
             mean += fit.weight * fit_mean
             second_moment += fit.weight * (fit_var + fit_mean * fit_mean)
         return mean, np.sqrt(np.maximum(second_moment - mean * mean, 1e-10))

@@ -212,3 +212,25 @@ def test_ranking_does_not_depend_on_the_workloads_mfu_scale():
     level = {small: 0.5, large: 0.5}
     for scale in (1.0, 0.004):
         assert acquisition.rank(_Scaled(level, scale), entries, answer_health=False)[0][3] == small
+
+
+def test_feature_terms_carry_a_component_error_to_configurations_with_more_or_less_of_it():
+    # Log memory error of a configuration whose activations are the share `a` of its memory, when
+    # the model undercounts activations by 30 %: log(1 + 0.3·a). The knob kernel alone spreads the
+    # measured errors by shared knob values; the feature term also scales them by each share.
+    prior = ResidualPrior(offset=0.08, main=0.05, pair=0.03, config=0.02, noise=0.01)
+    X = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0]])
+    shares = np.array([0.05, 0.4, 0.1, 0.35])
+    y = np.log1p(0.3 * shares)
+    features = np.column_stack([shares, np.zeros(4), np.zeros(4)])
+    with_terms = ResidualGP(3, prior, feature_sd=(0.2, 0.2, 2.0)).fit(X, y, features)
+    without = ResidualGP(3, prior).fit(X, y)
+    untried = np.array([[2, 2, 1]])
+    for share in (0.6, 0.02):  # more activations than any measured, and fewer
+        mean, _ = with_terms.predict(untried, np.array([[share, 0.0, 0.0]]))
+        plain, _ = without.predict(untried)
+        truth = np.log1p(0.3 * share)
+        assert abs(mean[0] - truth) < 0.5 * abs(plain[0] - truth)
+    # Features are required once the model reads them.
+    with pytest.raises(ValueError):
+        with_terms.predict(untried)
