@@ -182,7 +182,7 @@ class ResidualGP:
         features, when the model reads features)."""
         Z = np.asarray(Z, dtype=np.int64).reshape(-1, self.F)
         phi = self._features_of(features, len(Z))
-        own = (phi * phi * self.feature_sd**2).sum(axis=1) if len(self.feature_sd) else np.zeros(len(Z))
+        own = (phi * phi * self.feature_sd**2).sum(axis=1)  # the feature terms' prior variance (0 without)
         if not self._mixture:
             return np.zeros(len(Z)), np.sqrt(self.prior.total**2 + own)
         m = self.agreements(Z, self._X)
