@@ -32,10 +32,11 @@ class JobStateChanged(_Event):
 
 
 class LeaseChanged(_Event):
-    """A worker acquired, took over (an expired lease) or released the job."""
+    """A worker acquired, took over (an expired lease) or released the job; or its lease expired
+    on a cancelled job (its worker was gone, and a claiming worker settled the job for it)."""
 
     kind: Literal["lease"] = "lease"
-    action: Literal["acquired", "taken_over", "released"]
+    action: Literal["acquired", "taken_over", "released", "expired"]
     worker: str
     previous_worker: str | None = None
     expires_at: datetime | None = None

@@ -264,6 +264,12 @@ def _note_int(notes: str, name: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def _count(text: str) -> int | None:
+    """An argument's value as a count: ASCII digits only ('²' is a digit to str.isdigit, not to int),
+    and few enough of them to be one."""
+    return int(text) if re.fullmatch(r"[0-9]{1,9}", text) else None
+
+
 def _is_true(text: str | None) -> bool:
     return (text or "").lower() == "true"
 
@@ -408,8 +414,8 @@ def _build_model(p: _Parse, ints: dict[str, int | None], args: dict[str, str] | 
         explicit["untie_embeddings_and_output_weights"] = _is_true(args.get("untie-embeddings-and-output-weights"))
         for flag, key in (("kv-channels", "kv_channels"),
                           ("moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size")):
-            if args.get(flag, "").isdigit():
-                explicit[key] = int(args[flag])
+            if (number := _count(args.get(flag, ""))) is not None:
+                explicit[key] = number
     data: dict[str, Any] = dict(
         name=name, num_layers=ints["num_layers"], hidden_size=hidden, num_attention_heads=heads,
         num_query_groups=groups if groups and groups != heads else None, ffn_hidden_size=ffn,
@@ -444,13 +450,13 @@ def _knob_args(args: dict[str, str], num_layers: int, pp: int | None) -> dict[st
             if value is None:
                 continue
             if flag == _LAYERS_PER_VIRTUAL_STAGE:
-                per_stage = int(value) if value.isdigit() else 0
+                per_stage = _count(value) or 0
                 if per_stage and pp and num_layers % (pp * per_stage) == 0:
                     out[k.name] = num_layers // (pp * per_stage)
             elif k.is_bool:
                 out[k.name] = _is_true(value) if flag != "--no-overlap-p2p-communication" else not _is_true(value)
-            elif value.isdigit():
-                out[k.name] = int(value)
+            elif (number := _count(value)) is not None:
+                out[k.name] = number
             elif k.name == "moe_token_dispatcher_type" and value in ("allgather", "alltoall", "flex"):
                 out[k.name] = value
     return out

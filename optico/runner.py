@@ -121,10 +121,16 @@ def build_context(spec: JobSpec, store: Store, job_id: int, *, worker: str, laun
                        rules_failure=rules_failure, on_event=on_event, prior=prior, candidates=candidates)
 
 
+# How often the heartbeat reads the job's status between renewals: a cancel kills the running trial
+# within this, not within a renewal interval (15 s by default).
+STATUS_POLL_S = 1.0
+
+
 class Heartbeat(threading.Thread):
     """Renews the lease every `policy.interval_s` while the job runs, and watches for what ends it
-    early: a cancel request, a lost lease (another worker took over), or a database that stays
-    unreachable past the lease (we can no longer be sure we hold it). Any of them cancels the task."""
+    early: a cancel request (read every `STATUS_POLL_S`), a lost lease (another worker took over),
+    or a database that stays unreachable past the lease (we can no longer be sure we hold it). Any
+    of them cancels the task."""
 
     def __init__(self, store: Store, job_id: int, worker: str, policy: LeasePolicy,
                  loop: asyncio.AbstractEventLoop, task: asyncio.Task):
@@ -143,10 +149,14 @@ class Heartbeat(threading.Thread):
             self.loop.call_soon_threadsafe(self.task.cancel)
 
     def run(self) -> None:
-        last_ok = time.monotonic()
-        while not self._stop_event.wait(self.policy.interval_s):
+        last_ok = last_renewal = time.monotonic()
+        while not self._stop_event.wait(min(STATUS_POLL_S, self.policy.interval_s)):
             try:
-                job = self.store.renew_lease(self.job_id, self.worker, self.policy.lease_s)
+                if time.monotonic() - last_renewal >= self.policy.interval_s:
+                    job = self.store.renew_lease(self.job_id, self.worker, self.policy.lease_s)
+                    last_renewal = time.monotonic()
+                else:
+                    job = self.store.get_job(self.job_id)
                 last_ok = time.monotonic()
             except LeaseLost:
                 self._end("lease_lost")
@@ -219,7 +229,12 @@ async def run_claimed_job(store: Store, database_url: str, job_id: int, *, worke
         if watcher is not None:
             watcher.cancel()
         await ctx.launcher.aclose()
-    return store.get_job(job_id)
+    job = store.get_job(job_id)
+    if job.status is JobStatus.CANCELLED and job.lease_owner == worker:
+        # Cancelled after the heartbeat's last look, and the run ended first: settle it the same way.
+        _settle(store, job_id, worker, "cancelled", on_event)
+        job = store.get_job(job_id)
+    return job
 
 
 async def _cancel_on(shutdown: asyncio.Event, task: asyncio.Task, heartbeat: Heartbeat) -> None:

@@ -7,7 +7,8 @@ loader does, all before a single Python object is built:
   billions of nodes costs nothing to parse but everything to validate or store as JSON;
   recursive aliases (`&a [*a]`) are refused the same way;
 - types: only what JSON has (strings, integers, finite floats, booleans, null, lists and
-  mappings with string keys), so a spec always stores and round-trips; `2024-01-01` stays a
+  mappings with string keys), so a spec always stores and round-trips; "1e-05" is a float, as in
+  YAML 1.2 and JSON (YAML 1.1 reads an exponent without a dot as a string); `2024-01-01` stays a
   string, `!!binary`, `!!set` and custom tags are refused;
 - duplicate keys, which YAML forbids but PyYAML resolves silently (the last one wins);
 - magnitudes: integer literals beyond 64 bits, strings beyond `MAX_SCALAR_CHARS`, NUL
@@ -102,6 +103,13 @@ class BoundedSafeLoader(yaml.SafeLoader):
 
 BoundedSafeLoader.add_constructor(_TAG + "int", BoundedSafeLoader.construct_yaml_int)
 BoundedSafeLoader.add_constructor(_TAG + "float", BoundedSafeLoader.construct_yaml_float)
+
+
+# Exponent floats without a dot ("1e-05", "2E+3"): a string to YAML 1.1, a number to YAML 1.2 and to
+# JSON — which writes small floats this way (Python's json.dumps(0.00001) is "1e-05"), and a JSON
+# body is read by this loader too.
+_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+BoundedSafeLoader.add_implicit_resolver(_TAG + "float", _EXPONENT_FLOAT, list("-+0123456789"))
 
 
 def _children(node: Node) -> list[Node]:

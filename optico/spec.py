@@ -317,8 +317,7 @@ def _workload(raw: Any) -> Workload:
     framework = _validated(Framework, _mapping(data.pop("framework", None), "workload.framework"),
                            "workload.framework")
     for key in ("megatron_core", "image"):
-        if len(getattr(framework, key) or "") > MAX_PATH_CHARS:
-            raise SpecError(f"workload.framework.{key}", f"longer than {MAX_PATH_CHARS} characters")
+        _check_text(getattr(framework, key), f"workload.framework.{key}")
     w = _validated(Workload, {**data, "model": model, "cluster": cluster, "framework": framework}, "workload")
     _check_limits(w, "workload")
     if w.cluster.gpus_per_node * w.cluster.nodes > MAX_WORLD_SIZE:
@@ -495,10 +494,19 @@ def _launcher(raw: Any) -> LauncherSpec:
         if not ENV_NAME.fullmatch(name):
             raise SpecError("launcher.env", f"{name[:50]!r} is not an environment variable name "
                                             f"([A-Za-z_][A-Za-z0-9_]*)")
-    for key in ("data", "address", "run_dir"):
-        if len(getattr(launcher, key) or "") > MAX_PATH_CHARS:
-            raise SpecError(f"launcher.{key}", f"longer than {MAX_PATH_CHARS} characters")
+    for key in ("data", "address", "run_dir", "framework_version"):
+        _check_text(getattr(launcher, key), f"launcher.{key}")
     return launcher
+
+
+def _check_text(value: str | None, field: str) -> None:
+    """A path or version string shown in tables, logs and fingerprints: bounded, no control characters."""
+    if value is None:
+        return
+    if len(value) > MAX_PATH_CHARS:
+        raise SpecError(field, f"longer than {MAX_PATH_CHARS} characters")
+    if _CONTROL.search(value):
+        raise SpecError(field, "contains a control or bidirectional-override character")
 
 
 def _confined(path: Path, field: str, files_within: Path | None) -> Path:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
+from optico.spec import parse_spec_text
 from tests.conftest import optico_cmd
 
 GOOD = """
@@ -79,3 +82,13 @@ def test_missing_spec_file(tmp_path: Path, cli_env: dict):
     assert proc.returncode == 2
     assert "no such spec file" in proc.stderr
     assert not (tmp_path / "pool.db").exists()
+
+
+def test_exponent_floats_are_numbers_in_yaml_and_json_bodies_alike():
+    # YAML 1.1 reads "1e-05" as a string; JSON (and YAML 1.2) as a number, and json.dumps writes small
+    # floats that way, so a JSON body sent to the service was refused ("got str '1e-05'").
+    spec = parse_spec_text(GOOD + "launcher: {kind: sim, noise: 1e-05, trial_seconds: 2E+0}\n")
+    assert spec.launcher.noise == 1e-05 and spec.launcher.trial_seconds == 2.0
+    body = json.dumps({**yaml.safe_load(GOOD), "launcher": {"kind": "sim", "noise": 0.00001}})
+    assert "1e-05" in body and parse_spec_text(body).launcher.noise == 1e-05
+    assert parse_spec_text(GOOD.replace("name: t", "name: '1e5'")).name == "1e5"  # quoted, still a string

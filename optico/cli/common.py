@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from optico.errors import SpecError
+from optico.pool.models import SQL_INT_MAX
 from optico.textsafe import markup
 
 console = Console()
@@ -27,14 +28,14 @@ MoreFilesArgument = typer.Argument(None, metavar="[FILE.csv ...]", show_default=
 DatabaseOption = typer.Option(None, "--database", envvar="OPTICO_DATABASE_URL", metavar="URL",
                               help="SQLAlchemy URL of the pool (default: SQLite in the user data dir).")
 # Job ids are SQL integers: anything outside this range is no job and must not reach the driver.
-MAX_ID = 2**63 - 1
+MAX_ID = SQL_INT_MAX
 
 # The first bytes of every SQLite 3 database file.
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def check_id(value: int | None, option: str) -> None:
-    """Ids are SQL integers from 1 (checked here, not as a typer range: its help would print 2**63)."""
+    """Ids are SQL integers from 1 (checked here, not as a typer range: its help would print the bound)."""
     if value is not None and not 1 <= value <= MAX_ID:
         fail(SpecError(option, f"{value} is not a valid id (1 to {MAX_ID})"))
 

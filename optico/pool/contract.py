@@ -142,6 +142,8 @@ class Store(ABC):
         Without `job_id`: the oldest claimable queue job — QUEUED, INTERRUPTED, or RUNNING/STOPPING
         with an expired lease (its worker died: a takeover, counted) — or None. Concurrent
         claimers never get the same job (PostgreSQL: FOR UPDATE SKIP LOCKED; SQLite: one writer).
+        It first settles CANCELLED jobs whose worker's lease expired before it let go: their running
+        trials become lost, and the lease is cleared (a `job_done` and a `lease` "expired" event).
         With `job_id`: that job, whatever its origin (`optico tune --resume`): LeaseHeld if another
         worker's lease is live; IllegalTransition if it is SUCCEEDED or CANCELLED."""
 

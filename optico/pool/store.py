@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from optico import faults, redact
-from optico.events import BudgetChanged, JobEvent, JobStateChanged, LeaseChanged, parse_event
+from optico.events import BudgetChanged, JobEvent, JobFinished, JobStateChanged, LeaseChanged, parse_event
 from optico.pool import schema
 from optico.pool.contract import SORT_KEYS, IdempotencyConflict, Store, StoreError
 from optico.pool.db import default_database_url, make_engine
@@ -388,6 +388,7 @@ class SqlStore(ScheduleSql, Store):
                 if row.lease_owner not in (None, worker) and expires is not None and expires > now:
                     raise LeaseHeld(job_id, row.lease_owner, expires)
             else:
+                self._settle_abandoned_cancels(s, now)
                 expired = (JobRow.status.in_([JobStatus.RUNNING.value, JobStatus.STOPPING.value])
                            & (or_(JobRow.lease_expires_at.is_(None), JobRow.lease_expires_at < self._stamp(now))))
                 claimable = (JobRow.origin == "queue") & or_(
@@ -400,6 +401,26 @@ class SqlStore(ScheduleSql, Store):
                 if row is None:
                     return None
             return _job(self._take(s, row, worker, lease_s, now))
+
+    def _settle_abandoned_cancels(self, s: Session, now: datetime) -> None:
+        """A job cancelled while its worker was alive-looking keeps that worker's lease, for the worker
+        to record its running trial lost and let go (`transition`). If the worker was in fact dead,
+        nobody would: once the lease has expired, the next claimer does it instead."""
+        abandoned = ((JobRow.status == JobStatus.CANCELLED.value) & JobRow.lease_owner.is_not(None)
+                     & (JobRow.lease_expires_at < self._stamp(now)))
+        query = select(JobRow).where(abandoned)
+        if self._postgres:
+            query = query.with_for_update(skip_locked=True)
+        for job in s.scalars(query).all():
+            trials = s.scalars(select(TrialRow).where(TrialRow.job_id == job.id)).all()
+            for trial in trials:
+                self._lose(trial, "the job was cancelled while its worker was gone")
+            best = [t.mfu for t in map(_trial, trials) if t.mfu is not None]
+            self._append_event(s, job.id, JobFinished(status=JobStatus.CANCELLED.value, stop_reason="cancelled",
+                                                      trials=len(trials), best_mfu=max(best) if best else None))
+            self._append_event(s, job.id, LeaseChanged(action="expired", worker=job.lease_owner))
+            job.lease_owner, job.lease_expires_at = None, None
+        s.flush()
 
     def _take(self, s: Session, row: JobRow, worker: str, lease_s: float, now: datetime) -> JobRow:
         previous_owner, status = row.lease_owner, JobStatus(row.status)
@@ -529,14 +550,18 @@ class SqlStore(ScheduleSql, Store):
         with self._session() as s:
             row = _trial_or_raise(s, trial_id)
             self._fence(s, row.job_id, worker)
-            if row.status == TrialStatus.RUNNING.value:
-                summary = redact.redact(f"lost: {reason}")
-                row.status = TrialStatus.LOST.value
-                row.failure = _jsonable(Failure(category=FailureCategory.INFRASTRUCTURE, summary=summary,
-                                                confidence=100).model_dump(mode="json"), "failure")
-                row.finished_at = func.now()
-                s.flush()
+            self._lose(row, reason)
+            s.flush()
             return _trial(row)
+
+    @staticmethod
+    def _lose(row: TrialRow, reason: str) -> None:
+        """Marks `row` lost if it is still running (its run ended without a result we can trust)."""
+        if row.status == TrialStatus.RUNNING.value:
+            row.status = TrialStatus.LOST.value
+            row.failure = _jsonable(Failure(category=FailureCategory.INFRASTRUCTURE, summary=redact.redact(
+                f"lost: {reason}"), confidence=100).model_dump(mode="json"), "failure")
+            row.finished_at = func.now()
 
     def set_trial_failure(self, trial_id: int, failure: Failure, *, worker: str | None = None) -> Trial:
         with self._session() as s:

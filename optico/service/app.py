@@ -8,12 +8,16 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request, Response, status
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -34,6 +38,14 @@ STATIC = Path(__file__).resolve().parent / "dashboard" / "static"
 # Plotly inserts <style> elements, hence 'unsafe-inline' for styles only.
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
        "connect-src 'self'; font-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+# FastAPI's /docs and /redoc pages load Swagger UI / ReDoc from jsDelivr and start them with an
+# inline script; they show no user data, so only they may.
+DOCS_PATHS = ("/docs", "/redoc")
+DOCS_CSP = ("default-src 'none'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
+            "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net https://fonts.googleapis.com; "
+            "img-src 'self' data: https://fastapi.tiangolo.com https://cdn.redoc.ly; "
+            "font-src https://fonts.gstatic.com; connect-src 'self'; worker-src blob:; frame-ancestors 'none'; "
+            "base-uri 'none'")
 
 DESCRIPTION = """Tune Megatron training configurations as a shared service.
 
@@ -49,6 +61,11 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Here, after uvicorn has configured its loggers: a token sent in a query string (refused, but
+        # sent) must not reach the access log.
+        access = logging.getLogger("uvicorn.access")
+        if not any(isinstance(f, RedactedAccessLog) for f in access.filters):
+            access.addFilter(RedactedAccessLog())
         store = SqlStore(settings.database_url)
         app.state.store, app.state.settings = store, settings
         pool = WorkerPool(store, store.url, count, policy=settings.lease, poll_s=settings.worker_poll_s)
@@ -80,13 +97,32 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
     async def to_login(_: Request, exc: LoginRequired) -> Response:
         return login_redirect(exc)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each bad value back; a non-finite number (1e400, NaN) or a
+        # huge nested one cannot or should not be: it becomes its repr, cut short.
+        errors = jsonable_encoder([{**e, "input": _echo(e["input"])} if "input" in e else e for e in exc.errors()])
+        return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+    @app.middleware("http")
+    async def refuse_nul(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature
+        # A NUL is in no name or key OptiCo stores, and PostgreSQL refuses to bind one (a DataError,
+        # which would read as a database outage): refused where it comes in, naming the parameter.
+        where = _nul_parameter(request)
+        if where is not None:
+            return JSONResponse({"detail": [{"loc": list(where), "msg": "contains a NUL character",
+                                             "type": "value_error"}]},
+                                status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+        return await call_next(request)
+
     @app.middleware("http")
     async def security_headers(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature
         response = await call_next(request)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("Referrer-Policy", "no-referrer")
         if response.headers.get("content-type", "").startswith("text/html"):
-            response.headers.setdefault("Content-Security-Policy", CSP)
+            docs = request.url.path in DOCS_PATHS
+            response.headers.setdefault("Content-Security-Policy", DOCS_CSP if docs else CSP)
             response.headers.setdefault("X-Frame-Options", "DENY")
         return response
 
@@ -97,3 +133,30 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
                             status_code=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "5"})
 
     return app
+
+
+class RedactedAccessLog(logging.Filter):
+    """Redacts the request line (and every other string argument) of an access-log record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+def _echo(value: object) -> object:
+    """A rejected value as the 422 may show it: JSON scalars as they are, anything else (a non-finite
+    float, a container) as its repr, at most 200 characters."""
+    if value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value)):
+        return value if not isinstance(value, str) else value[:200]
+    return repr(value)[:200]
+
+
+def _nul_parameter(request: Request) -> tuple[str, ...] | None:
+    """Where a NUL sits in the request's path or query (("path",) or ("query", name)), if anywhere."""
+    if "\x00" in request.scope["path"]:  # percent-decoded
+        return ("path",)
+    for name, value in parse_qsl(request.url.query, keep_blank_values=True):
+        if "\x00" in name or "\x00" in value:
+            return ("query", name.replace("\x00", "\\0"))
+    return None

@@ -11,6 +11,7 @@ from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from optico.pool.contract import Store
+from optico.pool.models import SQL_INT_MAX
 from optico.pool.records import JobRecord, TokenRecord
 from optico.service.settings import ServiceSettings
 
@@ -65,9 +66,7 @@ def optional_token(request: Request, store: StoreDep,
         current_token(store, credentials)
 
 
-# SQL's BIGINT: a larger id or sequence number names no row, and the drivers refuse to bind it (a 500
-# before this bound). Every integer the API takes in a path or query is bounded by it.
-SQL_INT_MAX = 2**63 - 1
+# Every integer the API takes in a path or query is bounded by the pool's INTEGER columns.
 JobIdPath = Annotated[int, Path(ge=1, le=SQL_INT_MAX, description="The job's id.")]
 TrialIndexPath = Annotated[int, Path(ge=0, le=SQL_INT_MAX, description="The trial's index in its job.")]
 

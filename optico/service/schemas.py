@@ -84,9 +84,10 @@ class MessageView(_Public):
 
 
 class BudgetPatch(BaseModel):
-    """A new budget for a job that has not finished; omitted fields keep their value."""
+    """A new budget for a job that has not finished; omitted fields keep their value. Strict, as the
+    spec is: `true` or "5" is not a number of trials."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     max_trials: int | None = Field(None, ge=1, le=10_000)
     gpu_hours: float | None = Field(None, gt=0, le=1e7)

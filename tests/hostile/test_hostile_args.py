@@ -65,6 +65,7 @@ ARGS = [
     ("jobs show unknown id", lambda s, t: ["jobs", "show", "999"], "JOB_ID"),
     ("jobs show --iteration 0", lambda s, t: ["jobs", "show", "1", "--iteration", "0"], "--iteration"),
     ("jobs cancel huge id", lambda s, t: ["jobs", "cancel", "9" * 25], "JOB_ID"),
+    ("jobs show id beyond 32-bit integers", lambda s, t: ["jobs", "show", str(2**31)], "JOB_ID"),
     ("jobs budget huge id", lambda s, t: ["jobs", "budget", "9" * 25, "--max-trials", "3"], "JOB_ID"),
     ("jobs resume id 0", lambda s, t: ["jobs", "resume", "0"], "JOB_ID"),
     ("serve with a dead database", lambda s, t: ["serve", "--database", "postgresql://u:hunter2@127.0.0.1:1/x"],

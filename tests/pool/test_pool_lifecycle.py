@@ -122,6 +122,25 @@ def test_an_expired_lease_is_taken_over_and_fences_the_old_worker(store: SqlStor
     assert store.service_stats()["lease_takeovers"] == 1
 
 
+def test_a_job_cancelled_while_its_worker_was_gone_is_settled_once_the_lease_expires(store: SqlStore) -> None:
+    job_id = put_in(store, S.RUNNING, worker="dead")
+    trial = store.start_trial(job_id, 1, Strategy(), worker="dead")
+    cancelled = store.transition(job_id, S.CANCELLED)
+    assert cancelled.lease_owner == "dead"  # a live-looking worker keeps it, to record its trial lost
+    assert store.claim_job("live", 60) is None and store.get_job(job_id).lease_owner == "dead"  # not yet expired
+    expire_lease(store, job_id)
+    assert store.claim_job("live", 60) is None  # nothing to run; the claimer settled the job instead
+    job = store.get_job(job_id)
+    assert job.status is S.CANCELLED and job.lease_owner is None and job.lease_expires_at is None
+    lost = store.get_trial(trial.id)
+    assert lost.status is TrialStatus.LOST and lost.failure.summary.startswith("lost: the job was cancelled")
+    done, lease = (e.event for e in store.events(job_id)[-2:])
+    assert done.kind == "job_done" and done.status == "cancelled" and done.trials == 1
+    assert lease.kind == "lease" and lease.action == "expired" and lease.worker == "dead"
+    seq = store.last_event_seq(job_id)
+    assert store.claim_job("live", 60) is None and store.last_event_seq(job_id) == seq  # settled once
+
+
 def test_interrupted_queue_jobs_are_claimed_again_and_finished_ones_never(store: SqlStore) -> None:
     interrupted = put_in(store, S.INTERRUPTED)
     done = put_in(store, S.SUCCEEDED)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 
+import json
+import os
+
 import httpx
 import pytest
 import yaml
@@ -80,6 +83,29 @@ def test_a_dropped_stream_resumes_with_last_event_id(served: tuple[Service, dict
     with http.stream("GET", f"/api/v1/jobs/{job['id']}/events", params={"after": 0}) as stream:
         replay = [int(i) for i, kind, _ in sse_events(stream) if kind != "end"]
     assert replay == first + rest
+
+
+def test_a_cancel_during_a_short_trial_kills_it_releases_the_job_and_ends_the_stream(
+        served: tuple[Service, dict[str, str]]):
+    # Trials shorter than a lease renewal (15 s): the cancel must still be seen while the trial runs
+    # (it was not, the trial finished ok), and the job must not keep its lease once the run has ended
+    # (it did, for good: the event stream never sent `end`).
+    service, tokens = served
+    http = client(service, tokens["write"])
+    job = submit(http, spec("short-cancel", max_trials=3, trial_seconds=4)).json()
+    wait_for(lambda: http.get(f"/api/v1/jobs/{job['id']}/trials").json(), what="a running trial")
+    assert http.post(f"/api/v1/jobs/{job['id']}/cancel").json()["status"] == "cancelled"
+    kinds = []
+    with http.stream("GET", f"/api/v1/jobs/{job['id']}/events", timeout=30) as stream:
+        for _, kind, data in sse_events(stream):
+            kinds.append(kind)
+            if kind == "end":
+                assert data == {"status": "cancelled"}
+                break
+    assert "job_done" in kinds and kinds[-2:] == ["lease", "end"]  # the worker let go last
+    assert http.get(f"/api/v1/jobs/{job['id']}").json()["lease"] is None
+    trials = http.get(f"/api/v1/jobs/{job['id']}/trials").json()
+    assert [t["status"] for t in trials] == ["lost"], trials
 
 
 def test_yaml_bodies_idempotency_and_listing(served: tuple[Service, dict[str, str]]):
@@ -252,12 +278,16 @@ def test_unknown_jobs_are_404(served: tuple[Service, dict[str, str]]):
 
 
 HUGE = "9" * 25  # beyond SQL's BIGINT: the drivers refuse to bind it
+# Beyond the pool's INTEGER columns (32-bit on PostgreSQL, where binding it is a DataError), within BIGINT.
+INT32_OVER = str(2**31)
 
 
 def test_numbers_beyond_sql_integers_are_refused_not_500(served: tuple[Service, dict[str, str]]):
     service, tokens = served
     http = client(service, tokens["read"])
-    for path in (f"/api/v1/jobs/{HUGE}", f"/api/v1/jobs/{HUGE}/trials", f"/api/v1/jobs/{HUGE}/report",
+    for path in (f"/api/v1/jobs/{INT32_OVER}", f"/api/v1/jobs?cursor={INT32_OVER}",
+                 f"/api/v1/jobs/1/trials?after={INT32_OVER}", f"/api/v1/jobs/1/messages?after={INT32_OVER}",
+                 f"/api/v1/jobs/1/events?after={INT32_OVER}",f"/api/v1/jobs/{HUGE}", f"/api/v1/jobs/{HUGE}/trials", f"/api/v1/jobs/{HUGE}/report",
                  f"/api/v1/jobs/{HUGE}/messages", f"/api/v1/jobs?cursor={HUGE}",
                  f"/api/v1/jobs/1/trials?after={HUGE}", f"/api/v1/jobs/1/messages?iteration={HUGE}",
                  f"/api/v1/jobs/{HUGE}/events", f"/api/v1/jobs/1/events?after={HUGE}"):
@@ -281,3 +311,66 @@ def test_a_non_loopback_host_needs_a_token_to_exist(tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no API token exists" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_odd_but_well_formed_requests_get_4xx_not_500(served: tuple[Service, dict[str, str]]):
+    service, tokens = served
+    http = client(service, tokens["write"])
+    # A NUL in a query or path parameter: PostgreSQL refuses to bind it (that read as a database outage, 503).
+    for path in ("/api/v1/jobs?name=%00", "/api/v1/jobs?workload=a%00b", "/api/v1/schedules/%00"):
+        response = http.get(path)
+        assert response.status_code == 422, (path, response.status_code, response.text[:200])
+        assert response.json()["detail"][0]["msg"] == "contains a NUL character"
+    # Non-finite numbers in a body: FastAPI's 422 echoed them, and JSON cannot carry them (a 500).
+    job = submit(http, spec("odd-requests", max_trials=1)).json()
+    for body in ('{"gpu_hours": 1e400}', '{"gpu_hours": NaN}', '{"max_trials": true}', '{"max_trials": "5"}'):
+        response = http.patch(f"/api/v1/jobs/{job['id']}", content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == 422, (body, response.status_code, response.text[:200])
+        assert response.json()["detail"][0]["loc"][-1] in ("gpu_hours", "max_trials"), body
+    # A JSON body as json.dumps writes small floats ("1e-05") is a number, not a string.
+    small = spec("exponent", max_trials=1, noise=0.00001)
+    made = http.post("/api/v1/jobs", content=json.dumps(small), headers={"Content-Type": "application/json"})
+    assert made.status_code == 201, made.text
+    # Digits that str.isdigit takes and int() does not.
+    events = http.get(f"/api/v1/jobs/{job['id']}/events", headers={"Last-Event-ID": b"\xb2"}, timeout=60)
+    assert events.status_code == 200 and "event: end" in events.text
+    with httpx.Client(base_url=service.url, timeout=30) as browser:
+        assert browser.post("/login", data={"token": tokens["read"], "next": "/"}).status_code in (200, 303)
+        assert browser.get("/compare", params={"jobs": "\u00b2,1"}).status_code == 200
+        # An unknown job's live stream is a 404 before the stream starts (a browser would retry forever).
+        assert browser.get("/ui/jobs/99999/events").status_code == 404
+    # /docs loads Swagger UI from its CDN with an inline script: its page's policy must allow both.
+    policy = http.get("/docs").headers["content-security-policy"]
+    assert "https://cdn.jsdelivr.net" in policy and "'unsafe-inline'" in policy.split("script-src")[1].split(";")[0]
+    assert "cdn.jsdelivr.net" not in http.get("/", follow_redirects=False).headers.get("content-security-policy", "")
+
+
+def test_the_access_log_keeps_a_token_sent_in_a_query_string_out(make_service, tokens: dict[str, str]):
+    service = make_service("--log-level", "info").start()
+    refused = httpx.get(f"{service.url}/api/v1/jobs", params={"token": tokens["write"]})
+    assert refused.status_code == 401  # tokens are taken from the Authorization header only
+    service.stop()
+    log = service.log.read_text()
+    assert "GET /api/v1/jobs?token=" in log and tokens["write"] not in log, log[-1500:]
+
+
+@pytest.mark.postgres
+def test_readyz_during_an_outage_names_no_host_or_port(tmp_path, postgres_server_url: str):
+    # A private server, stopped while the service runs (the session's server is shared by other tests).
+    if os.environ.get("OPTICO_TEST_POSTGRES_URL"):
+        pytest.skip("needs a PostgreSQL server of its own to stop")
+    from pg_server import start_postgres
+
+    url, stop_postgres = start_postgres()
+    service = Service(db_url=url, home=tmp_path / "home", extra_env={"OPTICO_OPEN_HEALTH": "true"})
+    try:
+        service.start()
+        assert httpx.get(f"{service.url}/readyz").json() == {"status": "ready"}
+        stop_postgres()
+        down = httpx.get(f"{service.url}/readyz", timeout=60)
+        assert down.status_code == 503 and down.json()["status"] == "unavailable"
+        port = url.rsplit(":", 1)[1].split("/")[0]
+        assert port not in down.text and "127.0.0.1" not in down.text and "connection" not in down.text.lower()
+    finally:
+        service.kill()
+        stop_postgres()

@@ -328,3 +328,14 @@ def test_the_workload_history_shows_retuning_ticks(browser: Any, tmp_path: Path,
         ui.close()
     finally:
         service.kill()
+
+
+def test_chart_labels_show_untrusted_text_literally():
+    # Plotly renders <a href>, <b> and <span style> in trace names and hover text: a job name or a
+    # diagnosis is escaped for it, so it reads as typed and links nowhere.
+    from optico.service.dashboard import charts
+
+    hostile = '#3 <a href="https://evil.example">click</a> & <b>bold</b>'
+    name = charts.compare_figure([(hostile, [])])["data"][0]["name"]
+    assert "<" not in name and ">" not in name and name.startswith("#3 &lt;a href=")
+    assert "&amp; &lt;b&gt;bold&lt;/b&gt;" in name

@@ -68,9 +68,15 @@ def mfu_trace_of(row: dict[str, Any]) -> int:
     return MFU_TRACES.index("below baseline") if row["above_baseline"] is False else MFU_TRACES.index("above baseline")
 
 
+def plotly_text(text: str) -> str:
+    """`text` shown literally in a Plotly label: Plotly renders a subset of HTML in trace names and hover
+    text (<a href>, <b>, <span style>), and a job name, a diagnosis or an LLM's rationale is not ours."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _hover(row: dict[str, Any]) -> str:
     what = row["diagnosis"] or row["rationale"] or ""
-    return f"#{row['index']} {row['strategy']}<br>{what[:160]}"
+    return f"#{row['index']} {plotly_text(row['strategy'])}<br>{plotly_text(what[:160])}"
 
 
 def failure_floor(rows: list[dict[str, Any]], baseline_mfu: float | None) -> float:
@@ -164,7 +170,7 @@ def compare_figure(series: list[tuple[str, list[Trial]]]) -> dict[str, Any]:
     data = []
     for label, trials in series:
         values = best_so_far(trials)
-        data.append({"type": "scatter", "mode": "lines+markers", "name": label, "line": {"shape": "hv"},
+        data.append({"type": "scatter", "mode": "lines+markers", "name": plotly_text(label), "line": {"shape": "hv"},
                      "x": [t.index for t in trials], "y": [None if v is None else round(100 * v, 3) for v in values]})
     layout = {"xaxis": {"title": {"text": "trial"}}, "yaxis": {"title": {"text": "best MFU so far %"}},
               "margin": {"t": 30, "r": 20, "b": 50, "l": 60}, "legend": {"orientation": "h", "y": 1.12}}

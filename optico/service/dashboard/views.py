@@ -13,6 +13,7 @@ plotly.js of the installed plotly package (no CDN: it works on an air-gapped clu
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
@@ -31,8 +32,8 @@ from optico.pool.records import JobRecord, JobStats
 from optico.report import job_report
 from optico.service.dashboard import charts
 from optico.service.dashboard.session import Viewer, end_session, read_form, safe_next, start_session
-from optico.service.deps import SQL_INT_MAX, JobIdPath, SettingsDep, StoreDep, TrialIndexPath
-from optico.service.routes.events import job_event_stream
+from optico.service.deps import SQL_INT_MAX, JobDep, JobIdPath, SettingsDep, StoreDep, TrialIndexPath
+from optico.service.routes.events import job_event_stream, resume_point
 from optico.trial import Trial, TrialStatus
 
 HERE = Path(__file__).resolve().parent
@@ -220,7 +221,8 @@ def compare_page(request: Request, store: StoreDep, who: Viewer,
                  job: Annotated[list[int], Query(max_length=20)] = [],  # noqa: B006 - FastAPI's list query
                  jobs: Annotated[str, Query(max_length=200, description="Comma-separated ids.")] = "",
                  parallel: int | None = None) -> Response:
-    ids = [*job, *(int(x) for x in jobs.replace(" ", "").split(",") if x.isdigit())][:20]
+    # ASCII digits only: '²' is a digit to str.isdigit but not to int().
+    ids = [*job, *(int(x) for x in jobs.replace(" ", "").split(",") if re.fullmatch(r"[0-9]{1,10}", x))][:20]
     chosen = [store.get_job(i) for i in dict.fromkeys(ids) if _exists(store, i)]
     if not chosen:
         chosen = store.list_jobs(limit=3)
@@ -321,11 +323,12 @@ def new_rows(job_id: JobIdPath, store: StoreDep, who: Viewer,
 
 
 @router.get("/ui/jobs/{job_id}/events", response_class=EventSourceResponse)
-async def live_events(request: Request, job_id: JobIdPath, store: StoreDep, settings: SettingsDep, who: Viewer,
+async def live_events(request: Request, who: Viewer, job: JobDep, store: StoreDep, settings: SettingsDep,
                       after: Annotated[int, Query(ge=0, le=SQL_INT_MAX)] = 0):
-    await run_in_threadpool(_job_or_404, store, job_id)
-    last = request.headers.get("last-event-id", "")
-    async for item in job_event_stream(request, store, settings, job_id, int(last) if last.isdigit() else after):
+    # The job is looked up by a dependency, before the stream starts: an unknown one is a 404, not a
+    # stream that breaks after its headers were sent (which a browser retries every few seconds).
+    last = request.headers.get("last-event-id")
+    async for item in job_event_stream(request, store, settings, job.id, resume_point(after, last)):
         yield item
 
 

@@ -9,6 +9,7 @@ event and closes, so clients stop reconnecting.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -25,9 +26,12 @@ router = APIRouter(prefix="/api/v1/jobs", tags=["events"])
 BATCH = 500
 
 
-def _start(after: int | None, last_event_id: str | None) -> int:
-    if last_event_id and last_event_id.strip().isdigit():
-        return min(int(last_event_id.strip()), SQL_INT_MAX)
+def resume_point(after: int | None, last_event_id: str | None) -> int:
+    """Where a (re)connecting client resumes: its Last-Event-ID when that is a seq (ASCII digits),
+    else `?after=`, else the start; shared by the API and the dashboard."""
+    text = (last_event_id or "").strip()
+    if re.fullmatch(r"[0-9]{1,32}", text):
+        return min(int(text), SQL_INT_MAX)
     return after or 0
 
 
@@ -38,7 +42,7 @@ async def stream_events(request: Request, job: JobDep, store: StoreDep, settings
                         last_event_id: Annotated[str | None, Header(max_length=32)] = None,
                         ) -> AsyncIterator[ServerSentEvent]:
     """Follows the job live: state changes, trial starts and results, agent outputs, fallbacks."""
-    async for item in job_event_stream(request, store, settings, job.id, _start(after, last_event_id)):
+    async for item in job_event_stream(request, store, settings, job.id, resume_point(after, last_event_id)):
         yield item
 
 
@@ -56,8 +60,10 @@ async def job_event_stream(request: Request, store: Store, settings: ServiceSett
         if len(batch) == BATCH:
             continue
         current = await run_in_threadpool(store.get_job, job_id)
-        # Ended: final, no worker still writing (a cancelled job's worker records its lost trial first).
-        if current.status.final and current.lease_owner is None:
+        # Ended: final, no worker still writing (a cancelled job's worker records its lost trial first;
+        # a lease that expired on a cancelled job belongs to a worker that is gone).
+        if current.status.final and (current.lease_owner is None
+                                     or not current.lease_live(await run_in_threadpool(store.db_now))):
             tail = await run_in_threadpool(store.events, job_id, last, BATCH)
             if not tail:
                 yield ServerSentEvent(data={"status": current.status.value}, event="end", id=str(last))

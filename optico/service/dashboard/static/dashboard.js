@@ -73,8 +73,14 @@ function trialRow(jobId, r) {
   return tr;
 }
 
+// Shown literally: Plotly renders a subset of HTML in hover text, and a diagnosis is not ours
+// (charts.plotly_text on the server).
+function plotlyText(text) {
+  return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
 function hover(r) {
-  return "#" + r.index + " " + r.strategy + "<br>" + (r.diagnosis || r.rationale || "").slice(0, 160);
+  return "#" + r.index + " " + plotlyText(r.strategy) + "<br>" + plotlyText((r.diagnosis || r.rationale || "").slice(0, 160));
 }
 
 function traceOf(r, names) {
