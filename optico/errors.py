@@ -9,7 +9,10 @@ MAX_REASON_CHARS = 500
 
 
 def _one_line(text: str, limit: int) -> str:
-    text = " ".join(str(text).split())
+    # A line break shows as "\n": turned into a space, a key like "colour\nerror: fine" would print
+    # as a second error message on the same line.
+    text = str(text).replace("\r", "\\r").replace("\n", "\\n")
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -13,20 +13,14 @@ from __future__ import annotations
 import csv
 import io
 import itertools
-import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
 
 from optico.errors import SpecError
 
 MAX_SPEC_BYTES = 256 * 1024  # a full spec is a few KB
-MAX_CSV_BYTES = 8 * 1024 * 1024  # 8x the largest published table we ship
 MAX_JSON_BYTES = 1024 * 1024  # a calibration is ~2 KB
-MAX_CSV_ROWS = 20_000  # 30x the largest published table; parsing a row costs ~25 us
 
 
 def resolve(path_text: str, base_dir: Path | None) -> Path:
@@ -76,39 +70,6 @@ def _os_reason(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or str(exc).splitlines()[0]
 
 
-# -- calibration JSON ------------------------------------------------------------------------------
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a finite number")
-
-
-def read_calibration(path: Path, field: str = "calibration"):
-    """The performance-model constants in `path` (JSON from `optico perfmodel calibrate`),
-    checked field by field; SpecError naming `field.<constant>` otherwise."""
-    from optico.perfmodel.constants import Constants
-
-    text = read_text(path, field, "calibration JSON", MAX_JSON_BYTES)
-    try:
-        data = json.loads(text, parse_constant=_no_constant)
-    except json.JSONDecodeError as exc:
-        raise SpecError(field, f"{path.name} is not valid JSON at line {exc.lineno}, column {exc.colno}: "
-                               f"{exc.msg}") from None
-    except ValueError as exc:
-        raise SpecError(field, f"{path.name}: {exc}") from None
-    except RecursionError:
-        raise SpecError(field, f"{path.name} is nested too deeply to be a calibration") from None
-    if not isinstance(data, dict):
-        raise SpecError(field, f"{path.name} must hold a JSON object of constants, got {type(data).__name__}")
-    data.pop("_meta", None)
-    try:
-        return Constants.model_validate(data, strict=True)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join([field, *(str(p) for p in err["loc"])])
-        reason = "unknown constant" if err["type"] == "extra_forbidden" else err["msg"]
-        raise SpecError(where, f"{reason} (in {path.name})") from None
-
-
 # -- replay CSV ----------------------------------------------------------------------------------
 
 def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") -> None:
@@ -117,7 +78,7 @@ def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") 
     workload, none inside the search space, or a measurement impossible on the declared GPU
     (MFU above 100 % of its peak, peak memory above its capacity, a time or rate that is not
     positive). Errors name the file and, for a row, its line."""
-    from optico.replay_csv import COLUMNS, matches, measured_mfu, read_replay_csv
+    from optico.replay_csv import COLUMNS, MAX_CSV_BYTES, MAX_CSV_ROWS, matches, measured_mfu, read_replay_csv
 
     text = read_text(path, field, "replay CSV", MAX_CSV_BYTES)
     try:

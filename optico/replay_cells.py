@@ -7,6 +7,7 @@ are data, one per vocabulary, so a new spelling is one line here.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -169,6 +170,8 @@ def parse_number(cell: str | None, unit: str = "") -> Any:
     if not found:
         raise CellError(f"{text!r} is not a number")
     value = float(found.group(0))
+    if not math.isfinite(value):  # '1e999', or 400 digits: no measurement or count is that large
+        raise CellError(f"{text[:40]!r} is not a finite number")
     rest = cleaned[found.end():].strip()
     if rest[:1] in _SCALE and not rest.startswith(("mb", "ms", "min", "gb", "gib", "mib", "b/")):
         value *= _SCALE[rest[0]]

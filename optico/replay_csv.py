@@ -106,6 +106,9 @@ COLUMNS: tuple[str, ...] = (
     "mbs", "gbs", "recompute", "precision", "sequence_parallel", "distributed_optimizer", "result",
     "tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "mem_max_gib", "source", "notes",
 )
+# Bounds on a replay CSV, wherever it is read (a spec's launcher.data, --data, --landscape).
+MAX_CSV_BYTES = 8 * 1024 * 1024  # 8x the largest published table we ship
+MAX_CSV_ROWS = 20_000  # 30x the largest published table; parsing a row costs ~25 us
 # Optional knob columns the registry names (etp, first_pp_layers, last_pp_layers, ...).
 KNOB_COLUMNS: tuple[str, ...] = tuple(k.csv for k in KNOBS if k.csv and k.csv not in COLUMNS)
 # The architecture: without these (and with no preset by name) a row says nothing we can model.
@@ -641,7 +644,9 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
 def _first_error(err: Exception) -> str:
     if isinstance(err, ValidationError):
         first = err.errors()[0]
-        return str(first.get("ctx", {}).get("error") or first["msg"])
+        where = ".".join(str(p) for p in first["loc"] if isinstance(p, str) and "[" not in p)
+        message = str(first.get("ctx", {}).get("error") or first["msg"])
+        return f"{where}: {message}" if where else message
     return str(err)
 
 
@@ -767,6 +772,17 @@ def read_replay_file(path: str | Path, defaults: ReplayDefaults | None = None, *
     table), and with `strict` at the first row that is skipped, naming file:line and the reason."""
     path = Path(path)
     defaults = defaults or ReplayDefaults()
+    if path.stat().st_size > MAX_CSV_BYTES:
+        raise ReplayError(f"{path}: larger than {MAX_CSV_BYTES // 2**20} MiB; a replay CSV may be at most that")
+    try:
+        return _read_rows(path, defaults, strict)
+    except csv.Error as exc:  # a cell beyond csv's field limit (128 KiB), a NUL in some Pythons
+        raise ReplayError(f"{path}: not a readable CSV: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ReplayError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _read_rows(path: Path, defaults: ReplayDefaults, strict: bool) -> tuple[list[ReplayRow], FileReport]:
     report = FileReport(file=path.name)
     rows: list[ReplayRow] = []
     with path.open(newline="", encoding="utf-8-sig") as handle:
@@ -790,6 +806,8 @@ def read_replay_file(path: str | Path, defaults: ReplayDefaults | None = None, *
         report.missing_columns = [c for c in COLUMNS if c not in known]
         start = reader.line_num + 1
         for raw in reader:
+            if len(rows) >= MAX_CSV_ROWS:
+                raise ReplayError(f"{path}: more than {MAX_CSV_ROWS:,} rows; a replay CSV may have at most that")
             cells = {mapping[k]: (v or "") for k, v in raw.items() if k in mapping}
             row = parse_row(cells, path.name, start, defaults, units)
             if strict and not row.read:

@@ -89,6 +89,8 @@ class BoundedSafeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_int(self, node: ScalarNode) -> int:
+        if ":" in node.value:  # YAML 1.1's base 60 ("1:30" is 90): a surprise, and unbounded by digits
+            raise _refuse(f"{node.value[:30]!r} is a base-60 integer; write the number (or quote a string)", node)
         digits = sum(c.isalnum() for c in node.value)
         if digits > MAX_INT_DIGITS:
             raise _refuse(f"integer {node.value[:30]!r}... is too large", node)

@@ -24,7 +24,8 @@ import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
 from optico.errors import SpecError
-from optico.input_files import MAX_SPEC_BYTES, check_replay_csv, decode_text, read_calibration, read_text, resolve
+from optico.input_files import MAX_SPEC_BYTES, check_replay_csv, decode_text, read_text, resolve
+from optico.perfmodel.constants import read_calibration
 from optico.programs import ProgramSpec
 from optico.rules import is_valid, violations
 from optico.safe_yaml import load_yaml
@@ -49,10 +50,11 @@ ABLATIONS: tuple[str, ...] = ("history", "failure-analysis", "cot", "confidence"
 MAX_SEED = 2**32 - 1  # numpy's generators take seeds in [0, 2**32)
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: no single run or wait is longer
 MAX_TRIALS = 10_000
+MAX_GPU_HOURS = 1e9
 MAX_NAME_CHARS = 200
 MAX_PATH_CHARS = 4096
 # A name printed in every table and log line: any printable text, no control characters.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff]")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -118,7 +120,11 @@ class LauncherSpec(BaseModel):
     @field_validator("pass_env")
     @classmethod
     def _not_ours(cls, names: list[str]) -> list[str]:
+        if len(names) > MAX_ENV_VARS:
+            raise ValueError(f"{len(names)} names; at most {MAX_ENV_VARS}")
         for name in names:
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name[:50]!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
             if name.startswith("OPTICO_"):
                 raise ValueError(f"{name}: OPTICO_* variables are the service's own and never reach a trial")
         return names
@@ -189,28 +195,14 @@ class JobSpec(BaseModel):
 # far beyond any real job (the largest public models have ~130 layers, 16K hidden, 256 experts,
 # 1M-token contexts) and low enough that FLOPs, memory and the default search domains stay small
 # and exact, that seeds fit numpy and that waits fit asyncio.
+# The model's and the cluster's integer sizes are bounded where they are declared
+# (`optico.workload.positive_up_to`), so a replay table's rows are bounded too; these are the rest.
 LIMITS: dict[str, tuple[float, float]] = {
-    "workload.model.num_layers": (1, 1024),
-    "workload.model.hidden_size": (1, 262_144),
-    "workload.model.num_attention_heads": (1, 4096),
-    "workload.model.num_query_groups": (1, 4096),
-    "workload.model.kv_channels": (1, 16_384),
-    "workload.model.ffn_hidden_size": (1, 1_048_576),
-    "workload.model.vocab_size": (1, 16_777_216),
-    "workload.model.num_experts": (1, 4096),
-    "workload.model.moe_router_topk": (1, 256),
-    "workload.model.moe_ffn_hidden_size": (1, 1_048_576),
-    "workload.model.moe_shared_expert_intermediate_size": (1, 1_048_576),
-    "workload.seq_length": (1, 16_777_216),
-    "workload.global_batch_size": (1, 1_048_576),
-    "workload.cluster.gpus_per_node": (1, 1024),
-    "workload.cluster.nodes": (1, 65_536),
-    "workload.cluster.num_gpus": (1, 1_048_576),
-    "workload.cluster.network_gbps": (0, 100_000),
+    "workload.cluster.network_gbps": (0.1, 100_000),
     "budget.max_trials": (1, MAX_TRIALS),
     "budget.min_trials": (1, MAX_TRIALS),
     "budget.patience": (1, MAX_TRIALS),
-    "budget.gpu_hours": (0, 1e9),
+    "budget.gpu_hours": (0, MAX_GPU_HOURS),
     "launcher.seed": (0, MAX_SEED),
     "launcher.timeout_s": (0, MAX_SECONDS),
     "launcher.hang_s": (0, MAX_SECONDS),
@@ -251,7 +243,9 @@ def _describe(value: Any) -> str:
 
 
 def _loc(prefix: str, err: dict[str, Any]) -> str:
-    parts = [prefix] + [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+    # Without pydantic's union-member tags ("constrained-int", "list[literal[0,1]]"): not fields.
+    parts = [prefix] + [str(p) for p in err["loc"]
+                        if not str(p).startswith(("function-", "constrained-")) and "[" not in str(p)]
     return ".".join(p for p in parts if p)
 
 
@@ -311,7 +305,7 @@ def _workload(raw: Any) -> Workload:
         raise SpecError("workload.cluster", "missing (gpu, gpus_per_node, nodes)")
     model = _model(data.pop("model"))
     cluster_raw = _mapping(data.pop("cluster"), "workload.cluster")
-    if isinstance(cluster_raw.get("gpu"), str) and len(cluster_raw["gpu"]) > 100:
+    if isinstance(cluster_raw.get("gpu"), str) and (len(cluster_raw["gpu"]) > 100 or _CONTROL.search(cluster_raw["gpu"])):
         raise SpecError("workload.cluster.gpu", "unknown GPU (a catalog key such as h100-sxm)")
     cluster = _validated(Cluster, cluster_raw, "workload.cluster")
     framework = _validated(Framework, _mapping(data.pop("framework", None), "workload.framework"),
@@ -628,7 +622,11 @@ def parse_spec_text(text: str | bytes, *, origin_name: str | None = None, base_d
 def load_spec(path: str | Path) -> JobSpec:
     """Reads and validates a YAML spec file; raises SpecError with a one-line reason."""
     path = Path(path)
-    if not path.exists():
+    try:
+        exists = path.exists()
+    except OSError as exc:  # a name the file system refuses (too long, ...): stat() itself raises
+        raise SpecError(path.name or "SPEC.yaml", f"cannot read {path}: {exc.strerror or exc}") from None
+    if not exists:
         raise SpecError(path.name or "SPEC.yaml", f"no such spec file: {path}")
     text = read_text(path, path.name or "SPEC.yaml", "spec", MAX_SPEC_BYTES)
     return parse_spec_text(text, origin_name=path.name, base_dir=path.parent)

@@ -5,11 +5,17 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import cached_property
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from optico.gpus import GPUS, GpuSpec, Precision, normalize_gpu_name
+
+
+def positive_up_to(high: int) -> Any:
+    """A positive integer of at most `high`: no real model or cluster is refused, and nothing that would
+    make the arithmetic or a per-layer list blow up is accepted (a table's row with 10^9 layers)."""
+    return Annotated[int, Field(gt=0, le=high)]
 
 
 # Layer kinds: (mixer, mlp). A GPT layer has both; a hybrid model's pattern letters are one each
@@ -34,37 +40,37 @@ class ModelArch(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = "custom"
-    num_layers: PositiveInt
-    hidden_size: PositiveInt
-    num_attention_heads: PositiveInt
-    num_query_groups: PositiveInt | None = Field(None, description="GQA groups; None = multi-head attention.")
-    kv_channels: PositiveInt | None = Field(None, description="Head dimension; None = hidden_size / heads.")
-    ffn_hidden_size: PositiveInt = Field(description="Dense MLP width (per expert for MoE, see moe_ffn_hidden_size).")
-    vocab_size: PositiveInt
+    num_layers: positive_up_to(1_024)
+    hidden_size: positive_up_to(262_144)
+    num_attention_heads: positive_up_to(4_096)
+    num_query_groups: positive_up_to(4_096) | None = Field(None, description="GQA groups; None = multi-head attention.")
+    kv_channels: positive_up_to(16_384) | None = Field(None, description="Head dimension; None = hidden_size / heads.")
+    ffn_hidden_size: positive_up_to(1_048_576) = Field(description="Dense MLP width (per expert for MoE, see moe_ffn_hidden_size).")
+    vocab_size: positive_up_to(16_777_216)
     swiglu: bool = True
     untie_embeddings_and_output_weights: bool = True
-    num_experts: PositiveInt | None = Field(None, description="Routed experts; None = dense model.")
-    moe_router_topk: PositiveInt = 2
-    moe_ffn_hidden_size: PositiveInt | None = Field(None, description="Per-expert FFN width; None = ffn_hidden_size.")
-    moe_shared_expert_intermediate_size: PositiveInt | None = None
-    moe_layer_freq: PositiveInt | list[int] = Field(
+    num_experts: positive_up_to(4_096) | None = Field(None, description="Routed experts; None = dense model.")
+    moe_router_topk: positive_up_to(256) = 2
+    moe_ffn_hidden_size: positive_up_to(1_048_576) | None = Field(None, description="Per-expert FFN width; None = ffn_hidden_size.")
+    moe_shared_expert_intermediate_size: positive_up_to(1_048_576) | None = None
+    moe_layer_freq: positive_up_to(1_024) | list[Literal[0, 1]] = Field(
         1, description="Which layers are MoE: every Nth (N), or a 0/1 list per layer (Megatron-LM's "
                        "--moe-layer-freq); DeepSeek-V3 is three dense layers, then MoE.")
     multi_latent_attention: bool = Field(False, description="MLA: low-rank compressed q and kv (DeepSeek-V2/V3).")
-    q_lora_rank: PositiveInt | None = Field(None, description="MLA: query compression rank; None = no compression.")
-    kv_lora_rank: PositiveInt = Field(512, description="MLA: key/value compression rank.")
-    qk_head_dim: PositiveInt = Field(128, description="MLA: query/key head dimension without the RoPE part.")
-    qk_pos_emb_head_dim: PositiveInt = Field(64, description="MLA: the RoPE part of the query/key head.")
-    v_head_dim: PositiveInt = Field(128, description="MLA: value head dimension.")
-    mtp_num_layers: PositiveInt | None = Field(None, description="Multi-token prediction layers after the "
+    q_lora_rank: positive_up_to(65_536) | None = Field(None, description="MLA: query compression rank; None = no compression.")
+    kv_lora_rank: positive_up_to(65_536) = Field(512, description="MLA: key/value compression rank.")
+    qk_head_dim: positive_up_to(16_384) = Field(128, description="MLA: query/key head dimension without the RoPE part.")
+    qk_pos_emb_head_dim: positive_up_to(16_384) = Field(64, description="MLA: the RoPE part of the query/key head.")
+    v_head_dim: positive_up_to(16_384) = Field(128, description="MLA: value head dimension.")
+    mtp_num_layers: positive_up_to(1_024) | None = Field(None, description="Multi-token prediction layers after the "
                                                                    "decoder (DeepSeek-V3: 1), on the last stage.")
     hybrid_override_pattern: str | None = Field(
         None, description="Hybrid model: one letter per layer, M Mamba, * attention, - MLP, E MoE "
                           "(Megatron-LM's --hybrid-override-pattern); None = a GPT decoder.")
-    mamba_state_dim: PositiveInt = 128
-    mamba_head_dim: PositiveInt = 64
-    mamba_num_groups: PositiveInt = 8
-    mamba_num_heads: PositiveInt | None = Field(None, description="None = 2·hidden / mamba_head_dim.")
+    mamba_state_dim: positive_up_to(16_384) = 128
+    mamba_head_dim: positive_up_to(16_384) = 64
+    mamba_num_groups: positive_up_to(4_096) = 8
+    mamba_num_heads: positive_up_to(65_536) | None = Field(None, description="None = 2·hidden / mamba_head_dim.")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelArch":
@@ -294,9 +300,9 @@ class Cluster(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     gpu: str = Field(description="A GPU catalog key (see `optico.gpus.GPUS`), e.g. 'h100-sxm'.")
-    gpus_per_node: PositiveInt = 8
-    nodes: PositiveInt = 1
-    num_gpus: PositiveInt | None = Field(None, description="GPUs the job uses; None = all of the cluster.")
+    gpus_per_node: positive_up_to(1_024) = 8
+    nodes: positive_up_to(65_536) = 1
+    num_gpus: positive_up_to(1_048_576) | None = Field(None, description="GPUs the job uses; None = all of the cluster.")
     interconnect: Literal["nvlink", "pcie"] = "nvlink"
     network_gbps: float | None = Field(None, gt=0, description="Inter-node GB/s per GPU; None = catalog value.")
 
@@ -344,8 +350,8 @@ class Workload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: ModelArch
-    seq_length: PositiveInt
-    global_batch_size: PositiveInt
+    seq_length: positive_up_to(16_777_216)
+    global_batch_size: positive_up_to(1_048_576)
     precision: Precision = "bf16"
     grad_reduce_in_fp32: bool | None = Field(
         None, description="Gradient buffers (accumulation and DP reduction) in fp32. None = Megatron-LM's rule: "

@@ -428,3 +428,26 @@ def test_uneven_split_is_inferred(tmp_path: Path) -> None:
     odd = one(tmp_path, model="x-29", num_layers="29", vocab_size="50257", pp="4", gbs="128", num_gpus="8", tp="2")
     s = odd.strategy  # 29: no counting makes it even: middle stages 8, first 6, last 7
     assert odd.usable and (s.decoder_first_pipeline_num_layers, s.decoder_last_pipeline_num_layers) == (6, 7)
+
+
+def test_hostile_magnitudes_are_skipped_rows_not_a_crash_or_a_memory_blow_up(tmp_path: Path):
+    # 10^9 layers used to build a per-layer list of 10^9 entries (15 GB); a 400-digit integer was an
+    # OverflowError. Both are now a row skipped with its reason.
+    huge = one(tmp_path, num_layers="1000000000")
+    assert not huge.read and "num_layers" in huge.skip_reason
+    digits = one(tmp_path, num_layers="9" * 500)
+    assert not digits.read or digits.workload.model.num_layers <= 1024
+    assert one(tmp_path, tflops_per_gpu="1e999").tflops_per_gpu is None
+
+
+def test_files_the_reader_cannot_take_are_one_replay_error(tmp_path: Path):
+    big_cell = write_csv(tmp_path / "cell.csv", {**LLAMA3_8B, "notes": "x" * 200_000})
+    with pytest.raises(ReplayError, match=r"cell\.csv: not a readable CSV"):
+        read_replay_csv(big_cell)
+    rows = write_csv(tmp_path / "rows.csv", *([LLAMA3_8B] * 20_001))
+    with pytest.raises(ReplayError, match=r"rows\.csv: more than 20,000 rows"):
+        read_replay_csv(rows)
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(",".join(COLUMNS).encode() + b"\n\xe9\n")
+    with pytest.raises(ReplayError, match=r"latin\.csv: not UTF-8"):
+        read_replay_csv(latin)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -10,9 +12,11 @@ import typer
 from rich.console import Console
 
 from optico.bench.suite import DEFAULT_TUNERS
+from optico.errors import SpecError
+from optico.terminal import check_output_path, err, fail
+from optico.textsafe import markup, terminal_text
 
 console = Console()
-err = Console(stderr=True)
 
 
 def bench(
@@ -51,65 +55,148 @@ def bench(
 ) -> None:
     """Benchmark OptiCo against the baselines a competent user would run (docs/benchmarks.md)."""
     from optico.bench.report import markdown, plot, write_json
-    from optico.bench.suite import landscape_seed, run_benchmark, select_landscapes
-    from optico.bench.tuners import ABLATIONS
-    from optico.spec import ReasonerSpec
+    from optico.bench.suite import landscape_seed, run_benchmark
 
-    names = [t.strip() for t in tuners.split(",") if t.strip()]
-    if ablations:
-        names += [a for a in ABLATIONS if a not in names]
+    names, sizes, spec, defs = _checked_input(
+        suite=suite, files=[*(landscape or []), *(more_landscapes or [])], tuners=tuners, budget=budget, seeds=seeds,
+        outputs={"--json": json_path, "--plot": plot_path, "--markdown": markdown_path, "--trials": trials_path},
+        jobs=jobs, only=only or [], reasoner=reasoner, ablate=ablate, all_clusters=all_clusters, sweep=sweep,
+        ablations=ablations, quick=quick, dev=dev)
     if quick:
         seeds = min(seeds, 5)
-        names = [n for n in names if n not in ("gp-warm", "random", "tpe")] if tuners == ",".join(DEFAULT_TUNERS) \
-            else names
-    try:
-        sizes = [float(x) for x in sweep.split(",") if x.strip()] if sweep else []
-        if any(x < 0 for x in sizes):
-            raise ValueError("--sweep: effect sizes must be >= 0")
-        csvs = [str(p) for p in [*(landscape or []), *(more_landscapes or [])]]
-        defs = select_landscapes(suite, csvs, only or [], all_clusters=all_clusters,  # type: ignore[arg-type]
-                                 dev=dev, sweep=sizes, quick=quick)
-        spec = ReasonerSpec.every(reasoner, ablate=ablate or ())
-    except ValueError as exc:  # pydantic's ValidationError is one
-        exc = ValueError(f"--reasoner/--ablate: {exc.errors()[0]['msg']}") if hasattr(exc, "errors") else exc
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2)
-    if not defs:
-        err.print("[bold red]error:[/] no landscape selected", highlight=False)
-        raise typer.Exit(2)
     console.print(f"{len(defs)} landscapes x {len(names)} tuners x {seeds} seeds, budget {budget}, "
-                  f"{jobs} worker(s)")
+                  f"{jobs} worker(s)", highlight=False)
 
     def done(r: dict[str, Any]) -> None:
+        # Landscape names carry file names; refusals quote them: escaped, never read as markup.
         if "skipped" in r:
-            console.print(f"  {r['name']}: refused ({r['skipped']})", highlight=False)
+            console.print(f"  {markup(r['name'], one_line=True)}: refused ({markup(r['skipped'], one_line=True)})",
+                          highlight=False)
             return
         secs = " ".join(f"{k} {v:.1f}s" for k, v in r["seconds"].items())
-        console.print(f"  {r['name']}: {r['landscape']['configurations']} configurations, optimum "
-                      f"{r['landscape']['optimum_mfu']:.1%} — {secs}", highlight=False)
+        console.print(f"  {markup(r['name'], one_line=True)}: {r['landscape']['configurations']} configurations, "
+                      f"optimum {r['landscape']['optimum_mfu']:.1%} — {markup(secs, one_line=True)}", highlight=False)
 
     try:
         doc = run_benchmark(defs, names, budget=budget, seeds=seeds, jobs=jobs, reasoner=spec,
                             fidelity=fidelity, on_done=done,
                             meta={"landscape_seed": landscape_seed(dev), "dev": dev, "suite": suite,
                                   "sweep": sizes, "quick": quick})
-    except ValueError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2)
-    # Files first: a report that fails to render must not lose a ten-minute run.
-    if json_path:
-        write_json(doc, json_path)
-    if trials_path:
-        trials_path.parent.mkdir(parents=True, exist_ok=True)
-        trials_path.write_text(json.dumps(doc["runs"], indent=1, default=float) + "\n")
-    if plot_path:
-        plot(doc, plot_path)
+    except ValueError as exc:  # SpecError is one: a loader's refusal, found in a worker
+        fail(exc if isinstance(exc, SpecError) else _first_line(exc))
+    # Files first: a report that fails to render must not lose a ten-minute run. The paths were
+    # checked before the run; one that still cannot be written (a full disk, a file system that
+    # refuses it) is reported once the report is printed.
     text = markdown(doc)
-    if markdown_path:
-        markdown_path.parent.mkdir(parents=True, exist_ok=True)
-        markdown_path.write_text(text)
-    print(text)
-    for label, path in (("figures", json_path), ("trials", trials_path), ("plot", plot_path),
-                        ("report", markdown_path)):
+    failed: list[SpecError] = []
+
+    def trials(path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc["runs"], indent=1, default=float) + "\n")
+
+    def report(path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    written = []
+    for label, option, path, write in (("figures", "--json", json_path, lambda p: write_json(doc, p)),
+                                       ("trials", "--trials", trials_path, trials),
+                                       ("plot", "--plot", plot_path, lambda p: plot(doc, p)),
+                                       ("report", "--markdown", markdown_path, report)):
         if path:
-            console.print(f"{label} written to {path}", highlight=False)
+            try:
+                write(path)
+                written.append((label, path))
+            except OSError as exc:
+                failed.append(SpecError(option, f"cannot write {path}: {exc.strerror or _first_line(exc)}"))
+    print(terminal_text(text, max_chars=None))
+    for label, path in written:
+        console.print(f"{label} written to {markup(path, one_line=True)}", highlight=False)
+    if failed:
+        fail(failed[0])
+
+
+# Effect sizes of --sweep are log step-time std devs: 0.2 is already far beyond the model's error.
+MAX_EFFECT_SIZE = 1.0
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _checked_input(*, suite: str, files: list[Path], tuners: str, budget: int, seeds: int,
+                   outputs: dict[str, Optional[Path]], jobs: int, only: list[str], reasoner: str,
+                   ablate: Optional[str], all_clusters: bool, sweep: Optional[str], ablations: bool, quick: bool,
+                   dev: bool) -> tuple[list[str], list[float], Any, list]:
+    """Every option checked before anything runs: (tuner names, sweep sizes, reasoner spec, landscapes),
+    or a one-line error naming the option (`fail`)."""
+    from optico.bench.suite import select_landscapes
+    from optico.bench.tuners import ABLATIONS, known_tuners, make_tuner
+    from optico.perfmodel.constants import load_constants
+    from optico.spec import ReasonerSpec
+
+    for option, value in (("--budget", budget), ("--seeds", seeds), ("--jobs", jobs)):
+        if value < 1:
+            fail(SpecError(option, f"{value} is not allowed; give at least 1"))
+    names = [t.strip() for t in tuners.split(",") if t.strip()]
+    if not names:
+        fail(SpecError("--tuners", "no tuner named; give a comma-separated list, e.g. optico,model-greedy"))
+    known = known_tuners()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        fail(SpecError("--tuners", f"unknown tuner {unknown[0]!r}; known: {', '.join(known)}"))
+    if ablations:
+        names += [a for a in ABLATIONS if a not in names]
+    if quick and tuners == ",".join(DEFAULT_TUNERS):
+        names = [n for n in names if n not in ("gp-warm", "random", "tpe")]
+    sizes = _sweep_sizes(sweep) if sweep is not None else []
+    try:
+        spec = ReasonerSpec.every(reasoner, ablate=ablate or ())
+    except ValueError as exc:  # pydantic's ValidationError is one
+        fail(SpecError("--reasoner/--ablate", exc.errors()[0]["msg"] if hasattr(exc, "errors") else str(exc)))
+    for option, path in outputs.items():
+        if path is not None:
+            check_output_path(path, option)
+    try:
+        load_constants()  # OPTICO_CALIBRATION: the tuners' model reads it in every worker
+    except SpecError as exc:
+        fail(exc)
+    except (ValueError, OSError, RecursionError) as exc:
+        fail(SpecError("OPTICO_CALIBRATION" if os.environ.get("OPTICO_CALIBRATION") else "calibration",
+                       _first_line(exc)))
+    try:
+        defs = select_landscapes(suite, files, only, all_clusters=all_clusters,  # type: ignore[arg-type]
+                                 dev=dev, sweep=sizes, quick=quick, strict=True)
+        for calibration in sorted({c for d in defs if (c := getattr(d, "calibration", None))}):
+            load_constants(calibration)  # a held-out calibration a replay landscape uses
+        for name in names:
+            make_tuner(name, spec)
+    except SpecError as exc:
+        fail(exc)
+    except (ValueError, OSError, RecursionError) as exc:
+        fail(_first_line(exc))
+    if not defs:
+        if only:
+            fail(SpecError("--only", f"no landscape name contains {' or '.join(map(repr, only))} "
+                                     f"(--suite {suite}{', --quick' if quick else ''})"))
+        fail(SpecError("--suite", f"no landscape selected by --suite {suite}"))
+    return names, sizes, spec, defs
+
+
+def _sweep_sizes(sweep: str) -> list[float]:
+    """--sweep's effect sizes: finite numbers from 0 to MAX_EFFECT_SIZE."""
+    sizes = []
+    for part in sweep.split(","):
+        if not part.strip():
+            continue
+        try:
+            size = float(part)
+        except ValueError:
+            fail(SpecError("--sweep", f"{part.strip()!r} is not a number; give effect sizes such as 0,0.05,0.1"))
+        if not math.isfinite(size) or not 0 <= size <= MAX_EFFECT_SIZE:
+            fail(SpecError("--sweep", f"effect size {part.strip()} is not between 0 and {MAX_EFFECT_SIZE:g}"))
+        sizes.append(size)
+    if not sizes:
+        fail(SpecError("--sweep", "no effect size given; e.g. 0,0.05,0.1,0.15,0.2"))
+    return sizes

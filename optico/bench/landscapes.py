@@ -33,10 +33,12 @@ from optico.launchers.replay import ReplayLauncher
 from optico.launchers.sim import TIMED_STEPS, WARMUP_STEPS, SimLauncher
 from optico.perfmodel.constants import Constants, load_constants
 from optico.perfmodel.online import JobModel
-from optico.replay_csv import matches, matching_preset, measured_mfu
+from optico.plausible import measurement_problem
+from optico.replay_csv import ReplayRow, matches, matching_preset, measured_mfu
 from optico.search_space import SearchSpace, default_domain
 from optico.spec import Budget, JobSpec, LauncherSpec, ReasonerSpec
 from optico.strategy import Strategy
+from optico.textsafe import terminal_text
 from optico.trial import FailureCategory, LaunchResult
 from optico.workload import PRESETS, Cluster, ModelArch, Workload
 
@@ -46,6 +48,9 @@ MIN_REPLAY_CONFIGS = 4
 HANG_RATE = 0.02  # the simulator's default: NCCL watchdog timeouts and silent hangs
 # A simulated landscape where fewer configurations than this share fit in memory is skipped.
 MIN_FITTING_SHARE = 0.01
+# A replayed MFU below this is no training run's (a denormal, a unit slip; the lowest in the real
+# tables is ~2e-4): the row is not a measurement and the landscape leaves it out.
+MIN_PLAUSIBLE_MFU = 1e-6
 
 
 class LandscapeSkipped(Exception):
@@ -302,12 +307,15 @@ def model_agreement(landscape: Landscape) -> dict[str, float | None]:
     def rho(a: np.ndarray, b: np.ndarray) -> float | None:
         return float(spearmanr(a, b).correlation) if len(a) > 2 else None
 
-    return {"mfu_median_ape": float(np.median(np.abs(pred - true) / true)) if runs else None,
-            "mem_median_ape": float(np.median([abs(p - t) / t for p, t in mem])) if mem else None,
-            "spearman": rho(pred, true), "spearman_top5": rho(pred[top], true[top]),
-            "fit_accuracy": float(np.mean([a == b for a, b in zip(fits, real)])),
-            "model_pick": (pick or 0.0) / landscape.optimum_mfu,
-            "near_optimal": int((true >= target).sum()), "model_rank_98": rank_98}
+    # Truths are finite and positive (replay rows that are not: `replay_measured`); a ratio that
+    # still overflows is a figure, not a warning on the terminal.
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        return {"mfu_median_ape": float(np.median(np.abs(pred - true) / true)) if runs else None,
+                "mem_median_ape": float(np.median([abs(p - t) / t for p, t in mem])) if mem else None,
+                "spearman": rho(pred, true), "spearman_top5": rho(pred[top], true[top]),
+                "fit_accuracy": float(np.mean([a == b for a, b in zip(fits, real)])),
+                "model_pick": (pick or 0.0) / landscape.optimum_mfu,
+                "near_optimal": int((true >= target).sum()), "model_rank_98": rank_98}
 
 
 def _evaluate_all(launcher: Launcher, w: Workload, candidates: list[Strategy]) -> dict[str, Truth]:
@@ -555,7 +563,9 @@ class ReplayDef(BaseModel):
 
         base = ReplayLauncher(self.path)
         w = self.workload
-        measured = base.candidates(w)
+        measured = replay_measured(base, w)
+        if not measured:
+            raise LandscapeSkipped("no measured configuration")
         space = replay_space(w, measured)
         candidates = [s for s in measured if space.contains(s)]
         try:  # refuse a landscape whose rows the tuner's calibration has seen
@@ -579,6 +589,31 @@ class ReplayDef(BaseModel):
                          replay_path=self.path, group=self.group, calibration=self.calibration)
 
 
+def _replayed_row(launcher: ReplayLauncher, w: Workload, s: Strategy) -> ReplayRow:
+    """The row the launcher answers `s` with: its first ok row, else its first."""
+    rows = launcher.rows_for(w, s)
+    return next((r for r in rows if r.result == "ok"), rows[0])
+
+
+def replay_measured(launcher: ReplayLauncher, w: Workload) -> list[Strategy]:
+    """The configurations a replay landscape of `w` holds: the launcher's candidates, less those whose
+    replayed row's numbers cannot be a measurement (not finite, not positive, above the GPU's peak or
+    memory, an MFU below MIN_PLAUSIBLE_MFU — a typo such as 1e999 or 1e-320). Such a row is no
+    landscape point: its MFU would be the optimum (inf) or break every ratio."""
+    out = []
+    for s in launcher.candidates(w):
+        row = _replayed_row(launcher, w, s)
+        if row.result == "ok":
+            mfu = measured_mfu(row)
+            if mfu is None or measurement_problem(
+                    w, mfu=mfu, mem_max_gib=row.mem_max_gib, step_time_s=row.step_time_s,
+                    tflops_per_gpu=row.tflops_per_gpu, tokens_per_s_per_gpu=row.tokens_per_s_per_gpu,
+                    mfu_column=row.mfu) or mfu < MIN_PLAUSIBLE_MFU:
+                continue
+        out.append(s)
+    return out
+
+
 def replay_space(w: Workload, measured: list[Strategy]) -> SearchSpace:
     """The space of a replay table: a field the rows vary is tunable over the values they hold
     (in first-seen order), every other field fixed at the rows' common value."""
@@ -600,7 +635,10 @@ def replay_defs(path: str | Path, min_configs: int = MIN_REPLAY_CONFIGS,
     from optico.bench.separation import heldout_calibration
 
     path = Path(path)
-    calibration = calibration or heldout_calibration(path)
+    try:
+        calibration = calibration or heldout_calibration(path)
+    except OSError:  # "without-<stem>.json" longer than the file system allows: none was built
+        calibration = None
     launcher = ReplayLauncher(path)
     out: list[ReplayDef] = []
     seen: list[Workload] = []
@@ -611,10 +649,12 @@ def replay_defs(path: str | Path, min_configs: int = MIN_REPLAY_CONFIGS,
         if any(matches(row, v) for v in seen):
             continue
         seen.append(w)
-        if len(launcher.candidates(w)) < min_configs:
+        if len(replay_measured(launcher, w)) < min_configs:
             continue
         cluster = f"{w.cluster.gpu.split('-')[0]}-{w.world_size}"
-        name = f"replay:{path.stem}:{w.model.name}-{cluster}-gbs{w.global_batch_size}"
+        # The name goes to the terminal, the report and the JSON: controls in a file name shown escaped.
+        stem = terminal_text(path.stem, one_line=True, max_chars=200)
+        name = f"replay:{stem}:{w.model.name}-{cluster}-gbs{w.global_batch_size}"
         if any(d.name == name for d in out):
             name += f"-line{row.line}"
         out.append(ReplayDef(name=name, path=str(path), workload=w, calibration=calibration))

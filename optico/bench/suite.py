@@ -8,6 +8,9 @@ Optuna cost seconds to import; a fork pays that once).
 
 from __future__ import annotations
 
+import csv
+import io
+import itertools
 import multiprocessing
 import os
 import sys
@@ -19,6 +22,7 @@ from typing import Any, Literal
 
 from optico.bench import separation
 from optico.bench.landscapes import (
+    MIN_REPLAY_CONFIGS,
     PACKAGED_REPLAY,
     LandscapeSkipped,
     ReplayDef,
@@ -31,8 +35,11 @@ from optico.bench.metrics import run_metrics
 from optico.bench.summary import summarize
 from optico.bench.thirdparty import ThirdPartyDef, thirdparty_defs
 from optico.bench.tuners import make_tuner
+from optico.errors import SpecError
+from optico.replay_csv import MAX_CSV_ROWS
 from optico.replay_csv import ReplayError
 from optico.spec import ReasonerSpec
+from optico.textsafe import terminal_text
 
 Suite = Literal["all", "independent", "out-of-form", "real", "self", "sim", "replay"]
 LandscapeDef = SimDef | ReplayDef | ThirdPartyDef
@@ -47,6 +54,7 @@ OUT_OF_FORM = ("llama2-7b-a100-8", "llama3-8b-h100-8", "gpt3-7b-a100-16", "mixtr
 SELF = ("llama3-8b-a100-8", "qwen2.5-7b-h100-64", "qwen3-moe-24l-a100-8")
 QUICK = {"independent": 2, "out-of-form": 2, "real": 2, "self": 1}
 REPO_DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+OPTION = "--landscape"  # the option that names extra replay CSVs (errors name it)
 
 
 def real_files() -> list[Path]:
@@ -66,12 +74,20 @@ def _named(defs: list, names: Sequence[str], suffix: str) -> list:
 
 def select_landscapes(suite: Suite = "all", files: Sequence[str | Path] = (), only: Sequence[str] = (),
                       all_clusters: bool = False, dev: bool = False, sweep: Sequence[float] = (),
-                      quick: bool = False) -> list[LandscapeDef]:
+                      quick: bool = False, strict: bool = False) -> list[LandscapeDef]:
     """The suite's landscapes (see docs/benchmarks.md) plus every workload of `files`; `only` keeps
     names containing any of its strings; `sweep` adds the out-of-form family at each effect size;
-    `dev` draws development instead of test landscapes; `quick` keeps a few of each group."""
+    `dev` draws development instead of test landscapes; `quick` keeps a few of each group.
+
+    A file that cannot be read (missing, not a regular file, too large, not UTF-8, NUL bytes)
+    raises SpecError naming --landscape. One that is no replay table, or a table without a workload
+    of enough measured configurations, is skipped with a warning — or, with `strict` (the command
+    line: the user named the file to benchmark it), raises SpecError too. (A workload the tuner's
+    calibration saw is a landscape, refused when built: reported as skipped.)"""
     if suite not in ("all", "independent", "out-of-form", "real", "self", "sim", "replay"):
         raise ValueError(f"--suite: {suite!r} is not one of all, independent, out-of-form, real, self")
+    # The named files first: a file that cannot be read is refused before any suite work.
+    named = [d for f in files for d in _file_defs(Path(f), strict)]
     seed = landscape_seed(dev)
     groups = {"sim": ["self"], "replay": ["real"]}.get(suite, [suite] if suite != "all" else list(GROUPS))
     defs: list[LandscapeDef] = []
@@ -101,23 +117,48 @@ def select_landscapes(suite: Suite = "all", files: Sequence[str | Path] = (), on
             if sum(_group(k) == g for k in kept) < QUICK.get(g, 1):
                 kept.append(d)
         defs = kept
-    for f in files:
-        path = Path(f)
-        if not path.is_file():
-            raise ValueError(f"--landscape: no such file: {path}")
-        try:
-            found = replay_defs(path)
-        except ReplayError as exc:  # one unreadable file must not abort the benchmark: say so, run the rest
-            print(f"warning: --landscape: {exc}; skipped", file=sys.stderr)
-            continue
-        if not found:
-            print(f"warning: --landscape: {path} has no workload with enough measured configurations; skipped",
-                  file=sys.stderr)
-            continue
-        defs += [d for d in found if d.name not in {x.name for x in defs}]
+    for d in named:
+        if d.name not in {x.name for x in defs}:
+            defs.append(d)
     if only:
         defs = [d for d in defs if any(o in d.name for o in only)]
     return defs
+
+
+def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
+    """The landscapes of one named replay CSV (see `select_landscapes` for what is refused)."""
+    from optico.input_files import read_text
+    from optico.replay_csv import MAX_CSV_BYTES
+
+    text = read_text(path, OPTION, "replay CSV", MAX_CSV_BYTES)  # SpecError: missing, binary, not UTF-8, ...
+    try:
+        rows = sum(1 for _ in itertools.islice(csv.reader(io.StringIO(text)), MAX_CSV_ROWS + 2)) - 1
+        if rows > MAX_CSV_ROWS:
+            raise ReplayError(f"{path} has more than {MAX_CSV_ROWS:,} rows; a replay CSV may have at most "
+                              f"{MAX_CSV_ROWS:,}")
+        found = replay_defs(path)
+    except (ReplayError, csv.Error, UnicodeDecodeError, OSError) as exc:
+        reason = _reason(exc)
+        if strict:
+            raise SpecError(OPTION, reason if str(path) in reason else f"{path}: {reason}") from None
+        # A library caller: one unreadable file does not abort the benchmark; say so, run the rest.
+        print(terminal_text(f"warning: {OPTION}: {reason}; skipped", one_line=True), file=sys.stderr)
+        return []
+    if not found:
+        reason = (f"{path} has no workload with enough measured configurations (at least {MIN_REPLAY_CONFIGS} "
+                  f"usable rows of one workload)")
+        if strict:
+            raise SpecError(OPTION, reason)
+        print(terminal_text(f"warning: {OPTION}: {reason}; skipped", one_line=True), file=sys.stderr)
+    return found
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's first line (OSError: its strerror and file name)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _group(d: LandscapeDef) -> str:

@@ -9,17 +9,15 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import NoReturn
 
 import typer
 from rich.console import Console
 
 from optico.errors import SpecError
 from optico.pool.models import SQL_INT_MAX
-from optico.textsafe import markup
+from optico.terminal import check_output_path, err, fail  # noqa: F401 - every command imports them from here
 
 console = Console()
-err = Console(stderr=True)
 
 # Click options take one value each; the files after the first come in as arguments, so both
 # `--data a.csv b.csv` (a shell glob) and `--data a.csv --data b.csv` work.
@@ -38,36 +36,6 @@ def check_id(value: int | None, option: str) -> None:
     """Ids are SQL integers from 1 (checked here, not as a typer range: its help would print the bound)."""
     if value is not None and not 1 <= value <= MAX_ID:
         fail(SpecError(option, f"{value} is not a valid id (1 to {MAX_ID})"))
-
-
-def fail(message: str | SpecError, code: int = 2) -> NoReturn:
-    """Prints `error: <message>` as one line (escaped: the message may quote user input) and exits."""
-    err.print(f"[bold red]error:[/] {markup(message, one_line=True, max_chars=1000)}", highlight=False,
-              soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def check_output_path(path: Path, option: str) -> None:
-    """Fails unless `path` can be written later (by a job that may run for hours): an existing
-    regular file we may open for writing, or a new file whose nearest existing folder is a
-    writable directory. Nothing is created or changed."""
-    target = path.expanduser()
-    if target.exists():
-        if not target.is_file():
-            fail(SpecError(option, f"{path} is not a regular file"))
-        try:
-            with open(target, "ab"):  # append mode without writing: the file is left as it was
-                pass
-        except OSError as exc:
-            fail(SpecError(option, f"cannot write {path}: {exc.strerror or exc}"))
-        return
-    folder = target.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        fail(SpecError(option, f"cannot create {path}: {folder} is not a directory"))
-    if not os.access(folder, os.W_OK | os.X_OK):
-        fail(SpecError(option, f"cannot create {path}: {folder} is not writable"))
 
 
 def check_database_url(url: str, option: str = "--database") -> None:
@@ -91,7 +59,11 @@ def check_database_url(url: str, option: str = "--database") -> None:
     if parsed.database in (None, "", ":memory:"):
         return
     path = Path(parsed.database).expanduser()
-    if path.exists():
+    try:
+        exists = path.exists()
+    except OSError as exc:  # a name the file system refuses (too long, ...)
+        fail(SpecError(option, f"cannot use {path}: {exc.strerror or exc}"))
+    if exists:
         if not path.is_file():
             fail(SpecError(option, f"{path} is not a regular file"))
         try:
@@ -147,7 +119,8 @@ def shown_url(url: str) -> str:
 
 def require_files(option: str, paths: list[Path], what: str = "CSV file") -> None:
     """Every path is a readable UTF-8 text file within the input size bound."""
-    from optico.input_files import MAX_CSV_BYTES, read_text
+    from optico.input_files import read_text
+    from optico.replay_csv import MAX_CSV_BYTES
 
     for path in paths:
         try:

@@ -4,6 +4,7 @@ Registered on the `jobs` group next to its read-only commands."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -11,6 +12,7 @@ import typer
 
 from optico.cli.common import DatabaseOption, check_id, console, fail, open_store
 from optico.cli.jobs import jobs_app
+from optico.errors import SpecError
 
 
 def _transition(job_id: int, to: str, reason: str, database: str | None) -> None:
@@ -22,7 +24,7 @@ def _transition(job_id: int, to: str, reason: str, database: str | None) -> None
         try:
             job = store.transition(job_id, JobStatus(to), reason=reason)
         except KeyError:
-            fail(f"no job {job_id} in {url}")
+            fail(SpecError("JOB_ID", f"no job {job_id} in {url}"))
         except LifecycleError as exc:
             fail(str(exc))
     console.print(f"job {job.id} is {job.status.value}", highlight=False)
@@ -64,21 +66,27 @@ def jobs_resume(job_id: int, database: Optional[str] = DatabaseOption) -> None:
 
 @jobs_app.command("budget")
 def jobs_budget(job_id: int,
-                max_trials: Optional[int] = typer.Option(None, "--max-trials", min=1, help="New trial budget."),
-                gpu_hours: Optional[float] = typer.Option(None, "--gpu-hours", min=0.0, help="New GPU-hour budget."),
+                max_trials: Optional[int] = typer.Option(None, "--max-trials", help="New trial budget."),
+                gpu_hours: Optional[float] = typer.Option(None, "--gpu-hours", help="New GPU-hour budget."),
                 database: Optional[str] = DatabaseOption) -> None:
     """Raise or lower a job's budget, also while it runs."""
     from optico.pool.lifecycle import LifecycleError
+    from optico.spec import MAX_GPU_HOURS, MAX_TRIALS
 
     check_id(job_id, "JOB_ID")
     if max_trials is None and gpu_hours is None:
         fail("give --max-trials and/or --gpu-hours")
+    # The spec's bounds: a budget changed later may not exceed what a spec may ask for.
+    if max_trials is not None and not 1 <= max_trials <= MAX_TRIALS:
+        fail(SpecError("--max-trials", f"must be 1 to {MAX_TRIALS:,}, got {max_trials:,}"))
+    if gpu_hours is not None and not (math.isfinite(gpu_hours) and 0 < gpu_hours <= MAX_GPU_HOURS):
+        fail(SpecError("--gpu-hours", f"must be above 0 and at most {MAX_GPU_HOURS:g}, got {gpu_hours:g}"))
     store, url = open_store(database)
     with store:
         try:
             job = store.set_budget(job_id, max_trials=max_trials, gpu_hours=gpu_hours)
         except KeyError:
-            fail(f"no job {job_id} in {url}")
+            fail(SpecError("JOB_ID", f"no job {job_id} in {url}"))
         except (LifecycleError, ValueError) as exc:
             fail(str(exc))
     console.print(f"job {job.id}: max trials {job.max_trials}, GPU-hours {job.gpu_hours or '-'}", highlight=False)

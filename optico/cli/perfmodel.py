@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.table import Table
 
-from optico.cli.common import MoreFilesArgument, console, fail, require_files
-from optico.textsafe import markup, rich_text
+from optico.cli.common import MoreFilesArgument, check_output_path, console, fail, require_files
+from optico.errors import SpecError
+from optico.perfmodel.constants import CALIBRATION_ENV
+from optico.textsafe import markup, rich_text, terminal_text
 
 perf_app = typer.Typer(no_args_is_help=True, help="The analytic performance model.")
 
@@ -32,13 +35,65 @@ def _figures_table(title: str, report: dict[str, Any]) -> Table:
 
 def _calibration(path: Path, option: str):
     """Constants from a calibration file given on the command line, or a one-line error."""
-    from optico.errors import SpecError
-    from optico.input_files import read_calibration
+    from optico.perfmodel.constants import read_calibration
 
     try:
         return read_calibration(path, option)
     except SpecError as exc:
         fail(exc)
+
+
+def _calibration_in_use():
+    """The calibration in use ($OPTICO_CALIBRATION, else the shipped one), or a one-line error
+    naming where it came from."""
+    from optico.perfmodel.constants import load_constants
+
+    try:
+        return load_constants()
+    except SpecError as exc:
+        fail(exc)
+
+
+def _read_tables(option: str, paths: list[Path], strict: bool = False) -> list[tuple[Path, Any]]:
+    """Each file read as a replay table, (path, (rows, report)), or a one-line error naming `option`
+    and the file: whatever reading it raises (not a replay table, a cell over the CSV field limit,
+    a row `strict` refuses, an I/O error) ends here, before any long work."""
+    import csv
+
+    from optico.replay_csv import ReplayError, read_replay_file
+
+    tables = []
+    for path in paths:
+        try:
+            tables.append((path, read_replay_file(path, strict=strict)))
+        except (ReplayError, csv.Error, ValueError, OSError) as exc:  # UnicodeError is a ValueError
+            reason = (getattr(exc, "strerror", None) if isinstance(exc, OSError) else None) or str(exc).strip()
+            reason = reason.splitlines()[0] if reason else type(exc).__name__
+            if str(path) not in reason and path.name not in reason:
+                reason = f"{path}: {reason}"
+            fail(SpecError(option, reason))
+    return tables
+
+
+def _output(path: Optional[Path], option: str) -> Optional[Path]:
+    """`path` (~ expanded) once it is known to be writable, checked before the long work."""
+    if path is None:
+        return None
+    try:
+        path = path.expanduser()
+        check_output_path(path, option)
+    except (OSError, ValueError) as exc:  # a name the file system refuses (too long, a NUL)
+        fail(SpecError(option, f"cannot use {path}: {getattr(exc, 'strerror', None) or exc}"))
+    return path
+
+
+def _write_failed(path: Path, option: str, exc: OSError) -> None:
+    fail(SpecError(option, f"cannot write {path}: {exc.strerror or exc}"))
+
+
+def _finite(value: float, option: str) -> None:
+    if not math.isfinite(value):
+        fail(SpecError(option, f"must be a finite number, got {value}"))
 
 
 StrictOption = typer.Option(False, "--strict", help="A row that cannot be read is an error (default: skipped "
@@ -47,31 +102,39 @@ StrictOption = typer.Option(False, "--strict", help="A row that cannot be read i
 
 @perf_app.command("evaluate")
 def perfmodel_evaluate(
+    ctx: typer.Context,
     data: list[Path] = typer.Option(..., "--data", metavar="FILE.csv",
                                     help="Replay CSV file(s) of measured runs (more may follow: --data a.csv b.csv)."),
     more: Optional[list[Path]] = MoreFilesArgument,
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", envvar="OPTICO_CALIBRATION", metavar="FILE.json",
+    calibration: Optional[Path] = typer.Option(None, "--calibration", envvar=CALIBRATION_ENV, metavar="FILE.json",
                                                help="Constants to evaluate (default: the shipped calibration)."),
     strict: bool = StrictOption,
     report_rows: bool = typer.Option(False, "--report", help="Print what was read from each file (columns, "
                                                              "unknown cells, skipped rows with file:line)."),
 ) -> None:
     """Compare the model's predictions with measured runs: fit/OOM accuracy, MFU and memory error, rank correlation."""
-    from optico.perfmodel.constants import load_constants
-    from optico.perfmodel.evaluate import evaluate_files
-    from optico.replay_csv import read_replay_file
+    from optico.perfmodel.evaluate import evaluate_tables
 
     data = [*data, *(more or [])]
     require_files("--data", data)
-    constants = _calibration(calibration, "--calibration") if calibration else load_constants()
+    if calibration:
+        # By name: typer vendors its own click, whose ParameterSource is not click.core's.
+        from_env = getattr(ctx.get_parameter_source("calibration"), "name", None) == "ENVIRONMENT"
+        constants = _calibration(calibration, CALIBRATION_ENV if from_env else "--calibration")
+    else:
+        constants = _calibration_in_use()
+    tables = _read_tables("--data", data, strict=strict)
     try:
-        report = evaluate_files(data, constants, strict=strict)
-        if report_rows:
-            for path in data:
-                console.print(read_replay_file(path)[1].text(max_rows=20), highlight=False, markup=False)
-    except (ValueError, FileNotFoundError) as exc:
-        fail(f"--data: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        report = evaluate_tables([(path.name, rows) for path, (rows, _) in tables], constants)
+    except (ValueError, OSError) as exc:
+        reason = str(exc).strip()
+        fail(SpecError("--data", reason.splitlines()[0] if reason else type(exc).__name__))
+    if report_rows:
+        for _, (_, file_report) in tables:
+            # Headers, cells and file names are the file's: every line escaped for the terminal.
+            text = "\n".join(terminal_text(line, one_line=True) for line in file_report.text(max_rows=20).split("\n"))
+            console.print(text, highlight=False, markup=False, emoji=False)
     if as_json:
         print(json.dumps({"files": report["files"], "overall": report["overall"]}, indent=2))
         return
@@ -83,6 +146,16 @@ def perfmodel_evaluate(
         if d.get("mfu_unscored_not_tuned") and name != "overall":
             console.print(f"[dim]{markup(name)}: MFU not scored on {d['mfu_unscored_not_tuned']} rows whose times are "
                           f"not tuned throughput (memory and fit/OOM are)[/]", highlight=False)
+
+
+def _check_fields(fields: list[str]) -> None:
+    from optico.perfmodel.constants import Constants
+
+    free = Constants.free_fields()
+    unknown = [f for f in dict.fromkeys(fields) if f not in free]
+    if unknown:
+        # Not a SpecError: its reason is capped at 500 characters, and the list of known names is about that.
+        fail(f"--field: not calibratable: {', '.join(unknown)}; known: {', '.join(free)}")
 
 
 @perf_app.command("calibrate")
@@ -106,20 +179,37 @@ def perfmodel_calibrate(
                                 help="Pull of each constant toward its start (0 = none)."),
 ) -> None:
     """Fit the model's free constants to measured rows; report evaluate's figures before and after."""
+    from optico.perfmodel.constants import read_calibration
     from optico.perfmodel.calibrate import calibrate, worse_figures
-    from optico.perfmodel.constants import Constants, load_constants
+    from optico.perfmodel.constants import Constants
 
     data = [*data, *(more or [])]
+    holdout = list(holdout or [])
+    _finite(prior, "--prior")
+    _check_fields(field or [])
     require_files("--data", data)
-    require_files("--holdout", holdout or [])
-    if start not in (None, "defaults") and not Path(start).exists():
-        fail(f"--start: no such file: {start} (or say 'defaults')")
-    begin = Constants() if start == "defaults" else _calibration(Path(start), "--start") if start else load_constants()
+    require_files("--holdout", holdout)
+    if start == "defaults":
+        begin = Constants()
+    elif start is not None:
+        try:
+            begin = read_calibration(Path(start), "--start")
+        except SpecError as exc:
+            fail(SpecError(exc.field, f"{exc.reason} (or say 'defaults')" if exc.reason.startswith("no such file")
+                           else exc.reason))
+    else:
+        begin = _calibration_in_use()
+    _read_tables("--data", data)
+    _read_tables("--holdout", holdout)
+    out = _output(out, "--out")
     try:
-        result = calibrate(data, start=begin, fields=field or None, max_nfev=max_evals,
-                           holdout=list(holdout or []) or None, prior=prior)
-    except (KeyError, ValueError) as exc:
-        fail(str(exc.args[0] if exc.args else exc).splitlines()[0])
+        result = calibrate(data, start=begin, fields=field or None, max_nfev=max_evals, holdout=holdout or None,
+                           prior=prior)
+    except KeyError as exc:
+        fail(SpecError("--field", str(exc.args[0] if exc.args else exc)))
+    except ValueError as exc:
+        reason = str(exc.args[0] if exc.args else exc).strip()
+        fail(SpecError("--data", reason.splitlines()[0] if reason else type(exc).__name__))
     console.print(_figures_table("before", result.before))
     console.print(_figures_table("after", result.after))
     console.print(f"cost {result.cost_before:.4f} -> {result.cost_after:.4f}")
@@ -134,17 +224,21 @@ def perfmodel_calibrate(
         console.print(f"{label}: " + (f"[yellow]worse[/] {', '.join(worse)}" if worse else "no figure got worse"),
                       highlight=False)
     if out:
-        result.constants.save(out)
-        console.print(f"constants written to {out}; select them with OPTICO_CALIBRATION={out}")
-
+        try:
+            result.constants.save(out)
+        except OSError as exc:  # changed since the check (a folder removed, a disk full)
+            _write_failed(out, "--out", exc)
+        console.print(f"constants written to {markup(out)}; select them with {CALIBRATION_ENV}={markup(out)}",
+                      highlight=False)
 
 
 @perf_app.command("crossvalidate")
 def perfmodel_crossvalidate(
     data: list[Path] = typer.Option(..., "--data", help="Replay CSV files, one source each (at least two)."),
     more: Optional[list[Path]] = MoreFilesArgument,
-    max_evals: int = typer.Option(40, "--max-evals", help="Least-squares evaluations per fold."),
-    prior: float = typer.Option(1.0, "--prior", min=0.0, help="Pull of each constant toward its start (0 = none)."),
+    max_evals: int = typer.Option(40, "--max-evals", min=1, max=100_000, help="Least-squares evaluations per fold."),
+    prior: float = typer.Option(1.0, "--prior", min=0.0, max=1e6,
+                                help="Pull of each constant toward its start (0 = none)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the figures (and each fold's constants) as JSON."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
@@ -153,16 +247,30 @@ def perfmodel_crossvalidate(
     from optico.perfmodel.calibrate import leave_one_source_out
 
     data = [*data, *(more or [])]
+    _finite(prior, "--prior")
     require_files("--data", data)
     if len(data) < 2:
-        fail("--data: leave-one-source-out needs at least two files")
+        fail(SpecError("--data", "leave-one-source-out needs at least two files"))
+    names = [path.name for path in data]
+    twice = next((name for name in names if names.count(name) > 1), None)
+    if twice is not None:
+        fail(SpecError("--data", f"two files named {twice}: each source is held out and reported by its file name"))
+    _read_tables("--data", data)
+    out = _output(out, "--out")
     try:
         report = leave_one_source_out(data, max_nfev=max_evals, prior=prior,
-                                      progress=lambda name: console.print(f"[dim]fold done: {name} held out[/]"))
-    except (KeyError, ValueError) as exc:
-        fail(str(exc.args[0] if exc.args else exc))
+                                      progress=lambda name: console.print(f"[dim]fold done: {markup(name)} held "
+                                                                          f"out[/]", highlight=False))
+    except KeyError as exc:
+        fail(SpecError("--data", str(exc.args[0] if exc.args else exc)))
+    except ValueError as exc:
+        reason = str(exc.args[0] if exc.args else exc).strip()
+        fail(SpecError("--data", reason.splitlines()[0] if reason else type(exc).__name__))
     if out:
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        try:
+            out.write_text(json.dumps(report, indent=2) + "\n")
+        except OSError as exc:
+            _write_failed(out, "--out", exc)
     if as_json:
         print(json.dumps({"files": report["files"], "overall": report["overall"]}, indent=2))
         return

@@ -48,17 +48,20 @@ def schedule_add(
     """Add a schedule: each tick checks the framework and retunes the spec's workload when it moved."""
     from optico.retune.cron import DEFAULT_CRON, check_cron, next_fire
     from optico.retune.webhook import check_webhook_url
-    from optico.spec import SpecError, load_spec
+    from optico.spec import MAX_TRIALS, SpecError, load_spec
 
     if not NAME.match(name):
         fail(f"name: {name!r} must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")
-    if max_trials is not None and max_trials < 1:
-        fail(f"--max-trials: must be at least 1, got {max_trials}")
+    if max_trials is not None and not 1 <= max_trials <= MAX_TRIALS:
+        fail(f"--max-trials: must be 1 to {MAX_TRIALS:,}, got {max_trials:,}")
     try:
         cron = check_cron(cron if cron is not None else DEFAULT_CRON)
+    except ValueError as exc:
+        fail(f"--{exc}")
+    try:
         webhook = check_webhook_url(webhook) if webhook else None
     except ValueError as exc:
-        fail(f"--{str(exc).replace('webhook_url', 'webhook')}")
+        fail(f"--webhook: {str(exc).removeprefix('webhook_url: ')}")
     if not spec_path.is_file():
         fail(f"--spec: no such spec file: {spec_path}")
     try:

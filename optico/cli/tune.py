@@ -89,7 +89,7 @@ def _check_llm(spec: JobSpec) -> None:
 def _check_environment(spec: JobSpec) -> None:
     """What the spec relies on outside itself: $OPTICO_CALIBRATION, and the devices, libraries and
     folders a real run needs on this machine."""
-    from optico.input_files import read_calibration
+    from optico.perfmodel.constants import read_calibration
     from optico.launchers.preflight import check_launch
 
     try:
@@ -243,7 +243,7 @@ def tune(
         if json_path:
             json_path.parent.mkdir(parents=True, exist_ok=True)
             json_path.write_text(json.dumps(result, indent=2) + "\n")
-            console.print(Text(f"result written to {json_path}"))
+            console.print(Text(f"result written to {terminal_text(json_path, one_line=True)}"))
         final = store.get_job(job_id)
         if final.status is not JobStatus.SUCCEEDED:
             reason = terminal_text(final.stop_reason or "", one_line=True, max_chars=500)

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from optico.errors import SpecError
+from optico.input_files import MAX_JSON_BYTES, read_text
 
 DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
+CALIBRATION_ENV = "OPTICO_CALIBRATION"
 
 
 # oom_margin is policy, not physics; fragmentation is the caching allocator's typical slack (~5 %), which
@@ -82,24 +88,70 @@ class Constants(BaseModel):
         return getattr(self, f"{arch}_efficiency", 1.0)
 
     def save(self, path: str | Path) -> None:
-        tmp = Path(str(path) + ".tmp")
-        tmp.write_text(json.dumps(self.model_dump(), indent=2) + "\n")
-        os.replace(tmp, path)
+        """Writes the constants as JSON, atomically: a short-named temporary file beside `path`
+        (`path` + ".tmp" could exceed the file system's name limit), then renamed over it."""
+        path = Path(path)
+        tmp = path.with_name(f".optico-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+        try:
+            with open(tmp, "x") as handle:  # the umask's permissions, as a plain write would give
+                handle.write(json.dumps(self.model_dump(), indent=2) + "\n")
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass  # never created (the folder is not there): the first error is the one to see
+            raise
 
 
 def load_constants(path: str | Path | None = None) -> Constants:
-    """Constants from `path`, else $OPTICO_CALIBRATION, else the shipped calibration."""
-    chosen = path or os.environ.get("OPTICO_CALIBRATION") or DEFAULT_CALIBRATION
-    return _load(str(chosen))
+    """Constants from `path`, else $OPTICO_CALIBRATION, else the shipped calibration.
+
+    The file is read with the spec's checks (`read_calibration`: size bound,
+    UTF-8, JSON without NaN/Infinity, not too deep, an object of known constants of the right
+    type within bounds; the shipped file's `_meta` is skipped). A file that fails them raises
+    `SpecError` naming where it came from: `calibration` (a spec's field, or `path`) or
+    `OPTICO_CALIBRATION`."""
+    if path:
+        return _load(str(path), "calibration")
+    env = os.environ.get(CALIBRATION_ENV)
+    if env:
+        return _load(env, CALIBRATION_ENV)
+    return _load(str(DEFAULT_CALIBRATION), "calibration")
 
 
 @lru_cache(maxsize=16)
-def _load(path: str) -> Constants:
+def _load(path: str, source: str) -> Constants:
     p = Path(path)
-    if not p.is_file():
-        if p == DEFAULT_CALIBRATION:
-            return Constants()
-        raise FileNotFoundError(f"calibration file not found: {p}")
-    data = json.loads(p.read_text())
+    if p == DEFAULT_CALIBRATION and not p.is_file():
+        return Constants()
+    return read_calibration(p, source)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def read_calibration(path: Path, field: str = "calibration") -> Constants:
+    """The performance-model constants in `path` (JSON from `optico perfmodel calibrate`),
+    checked field by field; SpecError naming `field.<constant>` otherwise."""
+    text = read_text(path, field, "calibration JSON", MAX_JSON_BYTES)
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise SpecError(field, f"{path.name} is not valid JSON at line {exc.lineno}, column {exc.colno}: "
+                               f"{exc.msg}") from None
+    except ValueError as exc:
+        raise SpecError(field, f"{path.name}: {exc}") from None
+    except RecursionError:
+        raise SpecError(field, f"{path.name} is nested too deeply to be a calibration") from None
+    if not isinstance(data, dict):
+        raise SpecError(field, f"{path.name} must hold a JSON object of constants, got {type(data).__name__}")
     data.pop("_meta", None)
-    return Constants.model_validate(data)
+    try:
+        return Constants.model_validate(data, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join([field, *(str(p) for p in err["loc"])])
+        reason = "unknown constant" if err["type"] == "extra_forbidden" else err["msg"]
+        raise SpecError(where, f"{reason} (in {path.name})") from None

@@ -194,12 +194,16 @@ def score_rows(rows: list[ReplayRow], c: Constants) -> tuple[Scores, list[RowRes
 def evaluate_files(paths: list[str | Path], constants: Constants | None = None, *, strict: bool = False
                    ) -> dict[str, Any]:
     """`{"files": {NAME: {...}}, "overall": {...}, "details": {NAME: ...}}`; figures are fractions."""
+    return evaluate_tables([(Path(path).name, read_replay_csv(path, strict=strict)) for path in paths], constants)
+
+
+def evaluate_tables(tables: list[tuple[str, list[ReplayRow]]], constants: Constants | None = None
+                    ) -> dict[str, Any]:
+    """`evaluate_files` on rows already read: (file name, its rows) per file."""
     c = constants or load_constants()
     overall, files, details = Scores(), {}, {}
-    for path in paths:
-        rows = read_replay_csv(path, strict=strict)
+    for name, rows in tables:
         scores, _ = score_rows(rows, c)
-        name = Path(path).name
         files[name] = scores.as_dict()
         details[name] = scores.details()
         overall.merge(scores, name)

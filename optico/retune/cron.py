@@ -9,11 +9,17 @@ from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, 
 DEFAULT_CRON = "0 2 * * *"  # nightly, 02:00 UTC: after the day's upgrades, before people look
 
 
+# Five fields with lists and ranges fit in far fewer; a longer one is not a schedule anyone wrote.
+MAX_CRON_CHARS = 200
+
+
 def check_cron(expr: str) -> str:
     """The expression, whitespace normalised; ValueError with a one-line reason if it is not a standard
     five-field cron (minute hour day-of-month month day-of-week) or an @-alias, or never fires."""
     text = " ".join(str(expr).split())
     fields = text.split(" ")
+    if len(text) > MAX_CRON_CHARS:
+        raise ValueError(f"cron: longer than {MAX_CRON_CHARS} characters")
     if not text:
         raise ValueError("cron: empty; e.g. '0 2 * * *' (02:00 UTC every night)")
     if not text.startswith("@") and len(fields) != 5:

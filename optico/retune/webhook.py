@@ -27,13 +27,17 @@ TIMEOUT_S = 10.0
 def check_webhook_url(url: str) -> str:
     """The URL, if it is an absolute http(s) URL with a host; ValueError naming the reason."""
     url = url.strip()
-    parts = urlsplit(url)
+    if len(url) > 2000:
+        raise ValueError("webhook_url: longer than 2000 characters")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsed lazily: a bad port raises here
+    except ValueError as exc:
+        raise ValueError(f"webhook_url: not a URL ({exc})") from None
     if parts.scheme not in ("http", "https"):
         raise ValueError(f"webhook_url: must be an http:// or https:// URL, got scheme {parts.scheme or 'none'!r}")
     if not parts.hostname:
         raise ValueError("webhook_url: the URL has no host")
-    if len(url) > 2000:
-        raise ValueError("webhook_url: longer than 2000 characters")
     return url
 
 

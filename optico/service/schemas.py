@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from optico.pool.records import AgentMessage, JobRecord, JobStats, TokenRecord
+from optico.spec import MAX_GPU_HOURS, MAX_TRIALS
 from optico.trial import Trial
 
 
@@ -89,8 +90,8 @@ class BudgetPatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    max_trials: int | None = Field(None, ge=1, le=10_000)
-    gpu_hours: float | None = Field(None, gt=0, le=1e7)
+    max_trials: int | None = Field(None, ge=1, le=MAX_TRIALS)
+    gpu_hours: float | None = Field(None, gt=0, le=MAX_GPU_HOURS)
 
 
 class TokenView(_Public):

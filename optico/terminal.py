@@ -1,0 +1,57 @@
+"""The one-line error of every command, and the check that an output path can be written.
+
+Shared by `optico.cli` and `optico.bench.cli` (which `optico.cli` registers, so it cannot import
+`optico.cli` back): bad input from the command line ends in one line on stderr,
+`error: <field>: <reason>`, and exit status 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+from optico.errors import SpecError
+from optico.textsafe import markup
+
+err = Console(stderr=True)
+
+
+def fail(message: str | SpecError, code: int = 2) -> NoReturn:
+    """Prints `error: <message>` as one line (escaped: the message may quote user input) and exits."""
+    err.print(f"[bold red]error:[/] {markup(message, one_line=True, max_chars=1000)}", highlight=False,
+              soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def check_output_path(path: Path, option: str) -> None:
+    """Fails unless `path` can be written later (by a job that may run for hours): an existing
+    regular file we may open for writing, or a new file whose nearest existing folder is a
+    writable directory. Nothing is created or changed."""
+    try:
+        _check_output_path(path, option)
+    except OSError as exc:  # a name the file system refuses (too long, ...): stat() itself raises
+        fail(SpecError(option, f"cannot use {path}: {exc.strerror or exc}"))
+
+
+def _check_output_path(path: Path, option: str) -> None:
+    target = path.expanduser()
+    if target.exists():
+        if not target.is_file():
+            fail(SpecError(option, f"{path} is not a regular file"))
+        try:
+            with open(target, "ab"):  # append mode without writing: the file is left as it was
+                pass
+        except OSError as exc:
+            fail(SpecError(option, f"cannot write {path}: {exc.strerror or exc}"))
+        return
+    folder = target.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        fail(SpecError(option, f"cannot create {path}: {folder} is not a directory"))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        fail(SpecError(option, f"cannot create {path}: {folder} is not writable"))

@@ -1,0 +1,236 @@
+"""`optico perfmodel` on hostile input: every bad file, path or option is one escaped line,
+`error: <option>: <reason>`, exit 2, before any fitting, with nothing written; and every
+calibration file is read with the spec's checks, wherever it comes from."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from optico.errors import SpecError
+from tests.conftest import PACKAGED_OPTICO_CSV
+
+H100_CSV = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h100-llama-1b.csv"
+LONG = "a" * 300  # one path component over NAME_MAX (255)
+ANSI = "x\x1b]0;pwned\x07\x1b[31mRED"
+
+
+def perfmodel(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != "OPTICO_CALIBRATION"}
+    environ.update({"OPTICO_HOME": str(tmp_path / "home"), "COLUMNS": "200", **(env or {})})
+    return subprocess.run([sys.executable, "-m", "optico.cli", "perfmodel", *args], capture_output=True,
+                          text=True, timeout=300, env=environ, cwd=tmp_path)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, option: str, *also: str) -> str:
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    # the option, or a constant inside the file it names: `error: --start.gemm_efficiency: ...`
+    assert lines[0].startswith((f"error: {option}:", f"error: {option}.")), proc.stderr
+    for text in also:
+        assert text in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "\x1b" not in proc.stderr + proc.stdout
+    return lines[0]
+
+
+# -- hostile files ----------------------------------------------------------------------------
+
+def write_hostile_calibrations(folder: Path) -> dict[str, Path]:
+    """One file per way a calibration can be wrong."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {
+        "not json": "{not json",
+        "not an object": "[0.8, 0.5]",
+        "nan": '{"gemm_efficiency": NaN}',
+        "infinity": '{"gemm_efficiency": Infinity}',
+        "unknown key": '{"warp_factor": 9}',
+        "wrong type": '{"gemm_efficiency": "0.8"}',
+        "out of bounds": '{"gemm_efficiency": 5.0}',
+        "too deep": "[" * 100_000 + "]" * 100_000,
+        "too large": '{"_meta": "' + "x" * (2 * 1024 * 1024) + '"}',
+        "binary": '{"gemm_efficiency": 0.8}\x00',
+        f"ansi {ANSI}": '{"' + ANSI + '": 1}',
+    }
+    paths = {}
+    for i, (label, text) in enumerate(files.items()):
+        paths[label] = folder / f"hostile{i}.json"
+        paths[label].write_text(text)
+    paths["directory"] = folder / "adir.json"
+    paths["directory"].mkdir(exist_ok=True)
+    paths["missing"] = folder / "missing.json"
+    paths["name too long"] = folder / f"{LONG}.json"
+    return paths
+
+
+@pytest.fixture
+def hostile_calibrations(tmp_path: Path) -> dict[str, Path]:
+    return write_hostile_calibrations(tmp_path / "cal")
+
+
+def test_load_constants_refuses_each_hostile_calibration_naming_its_source(hostile_calibrations, monkeypatch):
+    from optico.perfmodel.constants import load_constants
+
+    monkeypatch.delenv("OPTICO_CALIBRATION", raising=False)
+    for label, path in hostile_calibrations.items():
+        with pytest.raises(SpecError) as given:
+            load_constants(path)
+        assert given.value.field.startswith("calibration"), (label, given.value)
+        assert "\n" not in str(given.value)
+        monkeypatch.setenv("OPTICO_CALIBRATION", str(path))
+        with pytest.raises(SpecError) as from_env:
+            load_constants()
+        assert from_env.value.field.startswith("OPTICO_CALIBRATION"), (label, from_env.value)
+        monkeypatch.delenv("OPTICO_CALIBRATION")
+
+
+def test_the_shipped_calibration_still_loads_and_a_saved_one_round_trips(tmp_path, monkeypatch):
+    from optico.perfmodel.constants import DEFAULT_CALIBRATION, Constants, load_constants
+
+    monkeypatch.delenv("OPTICO_CALIBRATION", raising=False)
+    assert "_meta" in json.loads(DEFAULT_CALIBRATION.read_text())  # skipped, not an unknown constant
+    shipped = load_constants()
+    assert shipped == load_constants(DEFAULT_CALIBRATION)
+    assert shipped is load_constants()  # cached
+    assert shipped != Constants()  # fitted, not the defaults
+    saved = tmp_path / ("b" * 250 + ".json")  # name + ".tmp" would be over the name limit
+    shipped.save(saved)
+    assert load_constants(saved) == shipped
+    assert sorted(p.name for p in tmp_path.iterdir()) == [saved.name]  # no temporary file left
+    monkeypatch.setenv("OPTICO_CALIBRATION", str(saved))
+    assert load_constants() == shipped
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+
+def test_report_escapes_a_hostile_header(tmp_path):
+    rows = PACKAGED_OPTICO_CSV.read_text().splitlines()
+    path = tmp_path / "ansiheader.csv"
+    path.write_text("\n".join([rows[0] + "," + ANSI, *(row + ",1" for row in rows[1:])]) + "\n")
+    proc = perfmodel(tmp_path, "evaluate", "--data", str(path), "--report")
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout + proc.stderr and "\x07" not in proc.stdout
+    assert "columns ignored: x\\x1b]0;pwned" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("label", ["not json", "nan", "too deep", "unknown key", "out of bounds", "too large",
+                                   f"ansi {ANSI}", "name too long"])
+def test_calibrate_refuses_a_bad_calibration_in_use(tmp_path, label):
+    path = write_hostile_calibrations(tmp_path / "cal")[label]
+    out = tmp_path / "fitted.json"
+    proc = perfmodel(tmp_path, "calibrate", "--data", str(PACKAGED_OPTICO_CSV), "--out", str(out),
+                     env={"OPTICO_CALIBRATION": str(path)})
+    assert_one_line_error(proc, "OPTICO_CALIBRATION")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("label", ["not json", "infinity", "wrong type", "not an object", "directory",
+                                   "name too long"])
+def test_start_and_calibration_options_refuse_a_bad_file(tmp_path, label):
+    path = write_hostile_calibrations(tmp_path / "cal")[label]
+    out = tmp_path / "fitted.json"
+    proc = perfmodel(tmp_path, "calibrate", "--data", str(PACKAGED_OPTICO_CSV), "--start", str(path),
+                     "--out", str(out))
+    assert_one_line_error(proc, "--start")
+    assert not out.exists()
+    proc = perfmodel(tmp_path, "evaluate", "--data", str(PACKAGED_OPTICO_CSV), "--calibration", str(path))
+    assert_one_line_error(proc, "--calibration")
+    proc = perfmodel(tmp_path, "evaluate", "--data", str(PACKAGED_OPTICO_CSV), env={"OPTICO_CALIBRATION": str(path)})
+    assert_one_line_error(proc, "OPTICO_CALIBRATION")
+
+
+def test_a_missing_start_file_suggests_defaults(tmp_path):
+    proc = perfmodel(tmp_path, "calibrate", "--data", str(PACKAGED_OPTICO_CSV), "--start", str(tmp_path / "no.json"))
+    assert_one_line_error(proc, "--start", "no such file", "'defaults'")
+
+
+@pytest.mark.parametrize("where", ["/etc/hostname/x.json", "directory", "long", "long folder"])
+@pytest.mark.parametrize("command", ["calibrate", "crossvalidate"])
+def test_out_is_checked_before_fitting(tmp_path, command, where):
+    out = {"directory": str(tmp_path), "long": str(tmp_path / f"{LONG}.json"),
+           "long folder": str(tmp_path / LONG / "x.json")}.get(where, where)
+    data = [str(PACKAGED_OPTICO_CSV), str(H100_CSV)] if command == "crossvalidate" else [str(PACKAGED_OPTICO_CSV)]
+    # 100,000 evaluations: were the check after the fit, this would run past the timeout.
+    proc = perfmodel(tmp_path, command, "--data", *data, "--max-evals", "100000", "--out", out)
+    assert_one_line_error(proc, "--out")
+    assert "before" not in proc.stdout and "fold done" not in proc.stdout
+    assert {p.name for p in tmp_path.iterdir()} <= {"home"}  # nothing written
+
+
+@pytest.mark.parametrize("option", ["--data", "--holdout", "--start", "--calibration"])
+def test_an_overlong_path_names_its_option(tmp_path, option):
+    long = str(tmp_path / f"{LONG}.{'json' if option in ('--start', '--calibration') else 'csv'}")
+    command = "evaluate" if option == "--calibration" else "calibrate"
+    args = ["--data", long] if option == "--data" else ["--data", str(PACKAGED_OPTICO_CSV), option, long]
+    out = tmp_path / "fitted.json"
+    proc = perfmodel(tmp_path, command, *args, *(["--out", str(out)] if command == "calibrate" else []))
+    assert_one_line_error(proc, option, "too long")
+    assert not out.exists()
+
+
+def test_a_bad_field_names_the_field_option(tmp_path):
+    proc = perfmodel(tmp_path, "calibrate", "--data", str(PACKAGED_OPTICO_CSV), "--field", "warp",
+                     "--field", ANSI)
+    line = assert_one_line_error(proc, "--field", "warp", "not calibratable", "gemm_efficiency")
+    assert "\\x1b" in line  # the hostile name is shown escaped
+
+
+def test_a_bad_holdout_names_the_holdout_option(tmp_path):
+    bad = tmp_path / "badhold.csv"
+    bad.write_text("foo,bar\n1,2\n")
+    out = tmp_path / "fitted.json"
+    proc = perfmodel(tmp_path, "calibrate", "--data", str(PACKAGED_OPTICO_CSV), "--holdout", str(bad),
+                     "--out", str(out))
+    assert_one_line_error(proc, "--holdout", "badhold.csv", "not a replay table")
+    assert not out.exists()
+
+
+def write_bigcell(path: Path) -> Path:
+    rows = PACKAGED_OPTICO_CSV.read_text().splitlines()
+    path.write_text(rows[0] + "\n" + rows[1] + ',"' + "x" * 200_000 + '"\n')
+    return path
+
+
+@pytest.mark.parametrize("command,option", [("evaluate", "--data"), ("calibrate", "--data"),
+                                            ("calibrate", "--holdout"), ("crossvalidate", "--data")])
+def test_a_cell_over_the_csv_field_limit_names_the_option_and_file(tmp_path, command, option):
+    big = write_bigcell(tmp_path / f"big{ANSI}cell.csv")
+    if option == "--holdout":
+        args = ["--data", str(PACKAGED_OPTICO_CSV), "--holdout", str(big)]
+    elif command == "crossvalidate":
+        args = ["--data", str(PACKAGED_OPTICO_CSV), str(big)]
+    else:
+        args = ["--data", str(big)]
+    proc = perfmodel(tmp_path, command, *args)
+    assert_one_line_error(proc, option, "big")
+
+
+def test_a_strict_bad_row_names_the_data_option(tmp_path):
+    rows = PACKAGED_OPTICO_CSV.read_text().splitlines()
+    path = tmp_path / "bad.csv"
+    path.write_text("\n".join([rows[0], rows[1], rows[2].replace(",8,", ",banana,", 1).replace("ok", "exploded", 1)])
+                    + "\n")
+    proc = perfmodel(tmp_path, "evaluate", "--strict", "--data", str(path))
+    assert_one_line_error(proc, "--data", "bad.csv:3:")
+
+
+def test_crossvalidate_refuses_the_same_file_twice(tmp_path):
+    proc = perfmodel(tmp_path, "crossvalidate", "--data", str(PACKAGED_OPTICO_CSV), str(PACKAGED_OPTICO_CSV))
+    assert_one_line_error(proc, "--data", "optico_llama3_8b_a100.csv")
+
+
+def test_a_hostile_out_path_is_escaped_when_written(tmp_path):
+    out = tmp_path / f"[red]{ANSI}.json"
+    proc = perfmodel(tmp_path, "calibrate", "--data", str(PACKAGED_OPTICO_CSV), "--field", "mem_overhead_gib",
+                     "--max-evals", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout + proc.stderr
+    assert "[red]x\\x1b]0;pwned" in proc.stdout
+    assert json.loads(out.read_text())["mem_overhead_gib"] >= 0
