@@ -4,13 +4,21 @@
 - the payload is redacted of every known secret (`optico.redact.scrub`);
 - only http(s) URLs, and redirects are never followed (a 3xx is reported as the receiver's answer):
   a receiver cannot bounce the request to another scheme or an internal address;
-- the URL itself is a secret (chat webhooks carry their token in the path): logs name its host only.
+- the URL itself is a secret (chat webhooks carry their token in the path): logs name its host only;
+- no loopback, link-local (the cloud metadata service at 169.254.169.254), unspecified, multicast or
+  reserved address, named or resolved, unless OPTICO_WEBHOOK_ALLOW_LOCAL=true (a receiver on the
+  same host, in development): anyone with a write token sets a schedule's URL, and the server would
+  POST from inside the network. Private ranges (10/8, 192.168/16, ...) stay allowed: a team's own
+  chat or alerting service usually lives there. A name is resolved again when the hook is sent.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
+import os
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -22,6 +30,28 @@ from optico import __version__, redact
 log = logging.getLogger("optico.retune")
 
 TIMEOUT_S = 10.0
+ALLOW_LOCAL_ENV = "OPTICO_WEBHOOK_ALLOW_LOCAL"
+
+
+def _local(address: str) -> bool:
+    """An address a webhook may not reach from the server (see the module docstring)."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    ip = ip.ipv4_mapped or ip if isinstance(ip, ipaddress.IPv6Address) else ip
+    return ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast or ip.is_reserved
+
+
+def _allow_local() -> bool:
+    return os.environ.get(ALLOW_LOCAL_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def _check_addresses(host: str, addresses: list[str]) -> None:
+    if _allow_local():
+        return
+    for address in addresses:
+        if _local(address):
+            named = host if host == address else f"{host} ({address})"
+            raise ValueError(f"webhook_url: {named} is a loopback or link-local address, which the server does "
+                             f"not post to (set {ALLOW_LOCAL_ENV}=true to allow it)")
 
 
 def check_webhook_url(url: str) -> str:
@@ -38,7 +68,20 @@ def check_webhook_url(url: str) -> str:
         raise ValueError(f"webhook_url: must be an http:// or https:// URL, got scheme {parts.scheme or 'none'!r}")
     if not parts.hostname:
         raise ValueError("webhook_url: the URL has no host")
+    try:
+        literal = [str(ipaddress.ip_address(parts.hostname.split("%")[0]))]
+    except ValueError:
+        literal = []  # a name: resolved when the hook is sent
+    _check_addresses(parts.hostname, literal)
     return url
+
+
+def _check_resolved(url: str) -> None:
+    """ValueError when the URL's host resolves to an address `_local` refuses."""
+    parts = urlsplit(url)
+    infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
+                               proto=socket.IPPROTO_TCP)
+    _check_addresses(parts.hostname or "", [info[4][0] for info in infos])
 
 
 def where(url: str) -> str:
@@ -59,6 +102,7 @@ def post(url: str, payload: dict[str, Any], *, timeout_s: float = TIMEOUT_S) -> 
     """POSTs `payload` (redacted) now; returns the HTTP status or the error text. Never raises."""
     try:
         check_webhook_url(url)
+        _check_resolved(url)
         body = json.dumps(redact.scrub(payload), default=str).encode()
         request = urllib.request.Request(url, data=body, method="POST", headers={
             "Content-Type": "application/json", "User-Agent": f"optico/{__version__}"})

@@ -37,6 +37,9 @@ class ServiceSettings(BaseSettings):
     file_roots: list[str] = Field(default_factory=list, description="Directories a submitted spec may read files "
                                   "from (replay `launcher.data`, `calibration`), besides the package's own data. "
                                   "JSON list, e.g. '[\"/data/optico\"]'.")
+    secure_cookies: bool = Field(False, description="Mark the dashboard's session cookie Secure even when a "
+                                 "request arrives over http: set it behind a proxy that terminates TLS (the "
+                                 "cookie is Secure on https requests anyway).")
     page_max: int = Field(500, ge=10, le=10_000, description="Largest page a list endpoint returns.")
     scheduler: bool = Field(True, validation_alias=AliasChoices("OPTICO_SCHEDULER", "scheduler"),
                             description="Fire due retuning schedules from this process (every replica may; a "

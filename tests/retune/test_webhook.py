@@ -35,7 +35,8 @@ class _Receiver(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def server() -> Iterator[str]:
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    monkeypatch.setenv("OPTICO_WEBHOOK_ALLOW_LOCAL", "true")  # the receiver is on this host
     _Receiver.received = []
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
@@ -75,3 +76,22 @@ def test_only_http_urls_with_a_host(url: str, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
         check_webhook_url(url)
     assert post(url, {}) != 200
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9/hook", "http://169.254.169.254/latest/meta-data",
+                                 "http://[::1]/x", "http://[::ffff:127.0.0.1]/x", "http://0.0.0.0/x"])
+def test_loopback_and_link_local_receivers_are_refused_unless_allowed(url: str, monkeypatch: pytest.MonkeyPatch):
+    # Anyone with a write token sets a schedule's URL; the server would POST from inside the network.
+    monkeypatch.delenv("OPTICO_WEBHOOK_ALLOW_LOCAL", raising=False)
+    with pytest.raises(ValueError, match="loopback or link-local"):
+        check_webhook_url(url)
+    assert "loopback or link-local" in str(post(url, {"x": 1}))
+    assert check_webhook_url("http://10.1.2.3/team-hook")  # a private range: a team's own service
+
+
+def test_a_name_that_resolves_to_loopback_is_refused_when_sent(server: str, monkeypatch: pytest.MonkeyPatch):
+    port = server.rsplit(":", 1)[1]
+    monkeypatch.delenv("OPTICO_WEBHOOK_ALLOW_LOCAL")
+    assert check_webhook_url(f"http://localhost:{port}/hook")  # a name: checked when sent
+    assert "loopback or link-local" in str(post(f"http://localhost:{port}/hook", {"x": 1}))
+    assert _Receiver.received == []

@@ -374,3 +374,13 @@ def test_readyz_during_an_outage_names_no_host_or_port(tmp_path, postgres_server
     finally:
         service.kill()
         stop_postgres()
+
+
+def test_the_session_cookie_is_secure_behind_a_tls_proxy_when_told(make_service, tokens: dict[str, str]):
+    plain = make_service().start()
+    cookie = httpx.post(f"{plain.url}/login", data={"token": tokens["read"], "next": "/"}).headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Secure" not in cookie  # plain http, no proxy
+    plain.stop()
+    proxied = make_service(OPTICO_SECURE_COOKIES="true").start()
+    cookie = httpx.post(f"{proxied.url}/login", data={"token": tokens["read"], "next": "/"}).headers["set-cookie"]
+    assert "Secure" in cookie

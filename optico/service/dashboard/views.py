@@ -100,7 +100,8 @@ async def login(request: Request, store: StoreDep) -> Response:
         return templates.TemplateResponse(request, "login.html", {"next": target, "error": "unknown or revoked token"},
                                           status_code=401)
     response = RedirectResponse(target, status_code=303)
-    start_session(response, token, secure=request.url.scheme == "https")
+    secure = request.url.scheme == "https" or request.app.state.settings.secure_cookies
+    start_session(response, token, secure=secure)
     return response
 
 
