@@ -94,17 +94,29 @@ def pool_url(database: str | None) -> tuple[str, str]:
     return database, option
 
 
-def open_store(database: str | None):
-    """(the pool, its URL) — every failure to open it is a one-line error naming the option."""
+def open_store(database: str | None, *, job: int | None = None, job_option: str = "JOB_ID"):
+    """(the pool, its URL) — every failure to open it is a one-line error naming the option. With
+    `job` (a command about one job), a SQLite pool that does not exist yet is "no job N", and is not
+    created: a lookup that fails writes nothing."""
     from optico.pool.store import SqlStore
     from optico.redact import redact
 
     url, option = pool_url(database)
+    if job is not None and _missing_sqlite_file(url):
+        fail(SpecError(job_option, f"no job {job} in {shown_url(url)} (no pool there yet)"))
     try:
         return SqlStore(url), url
     except Exception as exc:  # noqa: BLE001 - the driver's errors vary by backend; all mean "cannot open"
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         fail(SpecError(option, f"cannot open the pool at {shown_url(url)}: {redact(reason)}"))
+
+
+def _missing_sqlite_file(url: str) -> bool:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    return parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:") \
+        and not Path(parsed.database).expanduser().exists()
 
 
 def shown_url(url: str) -> str:

@@ -19,7 +19,7 @@ def _transition(job_id: int, to: str, reason: str, database: str | None) -> None
     from optico.pool.lifecycle import JobStatus, LifecycleError
 
     check_id(job_id, "JOB_ID")
-    store, url = open_store(database)
+    store, url = open_store(database, job=job_id)
     with store:
         try:
             job = store.transition(job_id, JobStatus(to), reason=reason)
@@ -81,7 +81,7 @@ def jobs_budget(job_id: int,
         fail(SpecError("--max-trials", f"must be 1 to {MAX_TRIALS:,}, got {max_trials:,}"))
     if gpu_hours is not None and not (math.isfinite(gpu_hours) and 0 < gpu_hours <= MAX_GPU_HOURS):
         fail(SpecError("--gpu-hours", f"must be above 0 and at most {MAX_GPU_HOURS:g}, got {gpu_hours:g}"))
-    store, url = open_store(database)
+    store, url = open_store(database, job=job_id)
     with store:
         try:
             job = store.set_budget(job_id, max_trials=max_trials, gpu_hours=gpu_hours)

@@ -194,7 +194,7 @@ def tune(
     from optico.report import job_result
     from optico.runner import run_job
 
-    store, url = open_store(database)
+    store, url = open_store(database, job=resume, job_option="--resume")
     try:
         if resume is not None:
             try:

@@ -136,3 +136,11 @@ def test_a_hostile_url_in_a_hard_memory_limit(spec: str, tmp_path: Path, pool_en
     outcome = run_limited(["tune", spec, "--database", "mysql://root:hunter2@db/optico"], dict(os.environ))
     assert_refused(outcome, pool_env, "--database", startup_s=3.0)
     assert job_rows(pool_env) == 0 and "hunter2" not in outcome.stderr
+
+
+@pytest.mark.parametrize("argv", [["tune", "--resume", "999"], ["jobs", "cancel", "999"],
+                                  ["jobs", "budget", "999", "--max-trials", "3"]])
+def test_a_lookup_of_a_job_in_a_pool_that_does_not_exist_creates_no_pool(argv, pool_env: Path):
+    outcome = run_in_process(argv)
+    assert_refused(outcome, pool_env, "--resume" if argv[0] == "tune" else "JOB_ID")
+    assert "no job 999" in outcome.stderr and not pool_env.exists()
