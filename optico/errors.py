@@ -24,3 +24,18 @@ class SpecError(ValueError):
         self.field = _one_line(field, MAX_FIELD_CHARS)
         self.reason = _one_line(reason, MAX_REASON_CHARS)
         super().__init__(f"{self.field}: {self.reason}" if self.field else self.reason)
+
+
+def first_line(exc: BaseException) -> str:
+    """What an exception says, as one line: an OSError's reason and file, else the first line of
+    its message, else its type's name (an exception raised without a message)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def loc_fields(loc: tuple | list) -> list[str]:
+    """A pydantic error location as the fields it names: without the validator and union-member
+    tags pydantic puts in it ("function-after[...]", "constrained-int", "list[literal[0,1]]")."""
+    return [str(p) for p in loc if not str(p).startswith(("function-", "constrained-")) and "[" not in str(p)]

@@ -75,6 +75,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
+from optico.errors import loc_fields
 from optico.flops import flops_per_iteration
 from optico.gpus import GPUS, Precision, normalize_gpu_name
 from optico.knobs import KNOBS
@@ -644,7 +645,7 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
 def _first_error(err: Exception) -> str:
     if isinstance(err, ValidationError):
         first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"] if isinstance(p, str) and "[" not in p)
+        where = ".".join(loc_fields(first["loc"]))
         message = str(first.get("ctx", {}).get("error") or first["msg"])
         return f"{where}: {message}" if where else message
     return str(err)

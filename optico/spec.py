@@ -23,7 +23,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
-from optico.errors import SpecError
+from optico.errors import SpecError, loc_fields
 from optico.input_files import MAX_SPEC_BYTES, check_replay_csv, decode_text, read_text, resolve
 from optico.perfmodel.constants import read_calibration
 from optico.programs import ProgramSpec
@@ -243,9 +243,7 @@ def _describe(value: Any) -> str:
 
 
 def _loc(prefix: str, err: dict[str, Any]) -> str:
-    # Without pydantic's union-member tags ("constrained-int", "list[literal[0,1]]"): not fields.
-    parts = [prefix] + [str(p) for p in err["loc"]
-                        if not str(p).startswith(("function-", "constrained-")) and "[" not in str(p)]
+    parts = [prefix, *loc_fields(err["loc"])]
     return ".".join(p for p in parts if p)
 
 

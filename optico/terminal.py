@@ -33,8 +33,8 @@ def check_output_path(path: Path, option: str) -> None:
     writable directory. Nothing is created or changed."""
     try:
         _check_output_path(path, option)
-    except OSError as exc:  # a name the file system refuses (too long, ...): stat() itself raises
-        fail(SpecError(option, f"cannot use {path}: {exc.strerror or exc}"))
+    except (OSError, ValueError) as exc:  # a name the file system refuses (too long, a NUL): stat() raises
+        fail(SpecError(option, f"cannot use {path}: {getattr(exc, 'strerror', None) or exc}"))
 
 
 def _check_output_path(path: Path, option: str) -> None:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
 
 from optico.bench.suite import DEFAULT_TUNERS
-from optico.errors import SpecError
+from optico.errors import SpecError, first_line
 from optico.terminal import check_output_path, err, fail
 from optico.textsafe import markup, terminal_text
 
@@ -83,32 +82,31 @@ def bench(
                             meta={"landscape_seed": landscape_seed(dev), "dev": dev, "suite": suite,
                                   "sweep": sizes, "quick": quick})
     except ValueError as exc:  # SpecError is one: a loader's refusal, found in a worker
-        fail(exc if isinstance(exc, SpecError) else _first_line(exc))
+        fail(exc if isinstance(exc, SpecError) else first_line(exc))
     # Files first: a report that fails to render must not lose a ten-minute run. The paths were
     # checked before the run; one that still cannot be written (a full disk, a file system that
     # refuses it) is reported once the report is printed.
     text = markdown(doc)
     failed: list[SpecError] = []
 
-    def trials(path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc["runs"], indent=1, default=float) + "\n")
-
-    def report(path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    def write_text(content: str) -> Callable[[Path], None]:
+        def write(path: Path) -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+        return write
 
     written = []
+    runs = json.dumps(doc["runs"], indent=1, default=float) + "\n" if trials_path else ""
     for label, option, path, write in (("figures", "--json", json_path, lambda p: write_json(doc, p)),
-                                       ("trials", "--trials", trials_path, trials),
+                                       ("trials", "--trials", trials_path, write_text(runs)),
                                        ("plot", "--plot", plot_path, lambda p: plot(doc, p)),
-                                       ("report", "--markdown", markdown_path, report)):
+                                       ("report", "--markdown", markdown_path, write_text(text))):
         if path:
             try:
                 write(path)
                 written.append((label, path))
             except OSError as exc:
-                failed.append(SpecError(option, f"cannot write {path}: {exc.strerror or _first_line(exc)}"))
+                failed.append(SpecError(option, f"cannot write {path}: {exc.strerror or first_line(exc)}"))
     print(terminal_text(text, max_chars=None))
     for label, path in written:
         console.print(f"{label} written to {markup(path, one_line=True)}", highlight=False)
@@ -118,11 +116,6 @@ def bench(
 
 # Effect sizes of --sweep are log step-time std devs: 0.2 is already far beyond the model's error.
 MAX_EFFECT_SIZE = 1.0
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _checked_input(*, suite: str, files: list[Path], tuners: str, budget: int, seeds: int,
@@ -160,11 +153,8 @@ def _checked_input(*, suite: str, files: list[Path], tuners: str, budget: int, s
             check_output_path(path, option)
     try:
         load_constants()  # OPTICO_CALIBRATION: the tuners' model reads it in every worker
-    except SpecError as exc:
+    except SpecError as exc:  # every refusal of a calibration file, naming where it came from
         fail(exc)
-    except (ValueError, OSError, RecursionError) as exc:
-        fail(SpecError("OPTICO_CALIBRATION" if os.environ.get("OPTICO_CALIBRATION") else "calibration",
-                       _first_line(exc)))
     try:
         defs = select_landscapes(suite, files, only, all_clusters=all_clusters,  # type: ignore[arg-type]
                                  dev=dev, sweep=sizes, quick=quick, strict=True)
@@ -175,7 +165,7 @@ def _checked_input(*, suite: str, files: list[Path], tuners: str, budget: int, s
     except SpecError as exc:
         fail(exc)
     except (ValueError, OSError, RecursionError) as exc:
-        fail(_first_line(exc))
+        fail(first_line(exc))
     if not defs:
         if only:
             fail(SpecError("--only", f"no landscape name contains {' or '.join(map(repr, only))} "

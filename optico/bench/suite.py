@@ -32,7 +32,7 @@ from optico.bench.metrics import run_metrics
 from optico.bench.summary import summarize
 from optico.bench.thirdparty import ThirdPartyDef, thirdparty_defs
 from optico.bench.tuners import make_tuner
-from optico.errors import SpecError
+from optico.errors import SpecError, first_line
 from optico.replay_csv import ReplayError
 from optico.spec import ReasonerSpec
 from optico.textsafe import terminal_text
@@ -130,7 +130,7 @@ def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
     try:
         found = replay_defs(path)  # ReplayError: not a table, more than MAX_CSV_ROWS rows, a broken CSV
     except (ReplayError, OSError) as exc:
-        reason = _reason(exc)
+        reason = first_line(exc)
         if strict:
             raise SpecError(OPTION, reason if str(path) in reason else f"{path}: {reason}") from None
         # A library caller: one unreadable file does not abort the benchmark; say so, run the rest.
@@ -143,14 +143,6 @@ def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
             raise SpecError(OPTION, reason)
         print(terminal_text(f"warning: {OPTION}: {reason}; skipped", one_line=True), file=sys.stderr)
     return found
-
-
-def _reason(exc: BaseException) -> str:
-    """An exception's first line (OSError: its strerror and file name)."""
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _group(d: LandscapeDef) -> str:

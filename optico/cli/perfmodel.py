@@ -11,8 +11,8 @@ import typer
 from rich.table import Table
 
 from optico.cli.common import MoreFilesArgument, check_output_path, console, fail, require_files
-from optico.errors import SpecError
-from optico.perfmodel.constants import CALIBRATION_ENV
+from optico.errors import SpecError, first_line
+from optico.perfmodel.constants import CALIBRATION_ENV, Constants, load_constants, read_calibration
 from optico.textsafe import markup, rich_text, terminal_text
 
 perf_app = typer.Typer(no_args_is_help=True, help="The analytic performance model.")
@@ -35,8 +35,6 @@ def _figures_table(title: str, report: dict[str, Any]) -> Table:
 
 def _calibration(path: Path, option: str):
     """Constants from a calibration file given on the command line, or a one-line error."""
-    from optico.perfmodel.constants import read_calibration
-
     try:
         return read_calibration(path, option)
     except SpecError as exc:
@@ -46,8 +44,6 @@ def _calibration(path: Path, option: str):
 def _calibration_in_use():
     """The calibration in use ($OPTICO_CALIBRATION, else the shipped one), or a one-line error
     naming where it came from."""
-    from optico.perfmodel.constants import load_constants
-
     try:
         return load_constants()
     except SpecError as exc:
@@ -67,8 +63,7 @@ def _read_tables(option: str, paths: list[Path], strict: bool = False) -> list[t
         try:
             tables.append((path, read_replay_file(path, strict=strict)))
         except (ReplayError, csv.Error, ValueError, OSError) as exc:  # UnicodeError is a ValueError
-            reason = (getattr(exc, "strerror", None) if isinstance(exc, OSError) else None) or str(exc).strip()
-            reason = reason.splitlines()[0] if reason else type(exc).__name__
+            reason = first_line(exc)
             if str(path) not in reason and path.name not in reason:
                 reason = f"{path}: {reason}"
             fail(SpecError(option, reason))
@@ -79,11 +74,8 @@ def _output(path: Optional[Path], option: str) -> Optional[Path]:
     """`path` (~ expanded) once it is known to be writable, checked before the long work."""
     if path is None:
         return None
-    try:
-        path = path.expanduser()
-        check_output_path(path, option)
-    except (OSError, ValueError) as exc:  # a name the file system refuses (too long, a NUL)
-        fail(SpecError(option, f"cannot use {path}: {getattr(exc, 'strerror', None) or exc}"))
+    path = path.expanduser()
+    check_output_path(path, option)
     return path
 
 
@@ -128,8 +120,7 @@ def perfmodel_evaluate(
     try:
         report = evaluate_tables([(path.name, rows) for path, (rows, _) in tables], constants)
     except (ValueError, OSError) as exc:
-        reason = str(exc).strip()
-        fail(SpecError("--data", reason.splitlines()[0] if reason else type(exc).__name__))
+        fail(SpecError("--data", first_line(exc)))
     if report_rows:
         for _, (_, file_report) in tables:
             # Headers, cells and file names are the file's: every line escaped for the terminal.
@@ -149,8 +140,6 @@ def perfmodel_evaluate(
 
 
 def _check_fields(fields: list[str]) -> None:
-    from optico.perfmodel.constants import Constants
-
     free = Constants.free_fields()
     unknown = [f for f in dict.fromkeys(fields) if f not in free]
     if unknown:
@@ -179,9 +168,7 @@ def perfmodel_calibrate(
                                 help="Pull of each constant toward its start (0 = none)."),
 ) -> None:
     """Fit the model's free constants to measured rows; report evaluate's figures before and after."""
-    from optico.perfmodel.constants import read_calibration
     from optico.perfmodel.calibrate import calibrate, worse_figures
-    from optico.perfmodel.constants import Constants
 
     data = [*data, *(more or [])]
     holdout = list(holdout or [])
@@ -208,8 +195,7 @@ def perfmodel_calibrate(
     except KeyError as exc:
         fail(SpecError("--field", str(exc.args[0] if exc.args else exc)))
     except ValueError as exc:
-        reason = str(exc.args[0] if exc.args else exc).strip()
-        fail(SpecError("--data", reason.splitlines()[0] if reason else type(exc).__name__))
+        fail(SpecError("--data", first_line(exc)))
     console.print(_figures_table("before", result.before))
     console.print(_figures_table("after", result.after))
     console.print(f"cost {result.cost_before:.4f} -> {result.cost_after:.4f}")
@@ -264,8 +250,7 @@ def perfmodel_crossvalidate(
     except KeyError as exc:
         fail(SpecError("--data", str(exc.args[0] if exc.args else exc)))
     except ValueError as exc:
-        reason = str(exc.args[0] if exc.args else exc).strip()
-        fail(SpecError("--data", reason.splitlines()[0] if reason else type(exc).__name__))
+        fail(SpecError("--data", first_line(exc)))
     if out:
         try:
             out.write_text(json.dumps(report, indent=2) + "\n")

@@ -12,7 +12,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from sqlalchemy import select
 
-from optico.pool.contract import Store, StoreError
+from optico.errors import first_line
+from optico.pool.contract import Store
 from optico.pool.lifecycle import JobStatus
 from optico.pool.schema import SchemaError, ensure_current
 from optico.redact import redact
@@ -39,9 +40,9 @@ def readyz(store: StoreDep, response: Response) -> dict[str, str]:
     except SchemaError as exc:
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
         return {"status": "unavailable", "reason": redact(str(exc).splitlines()[0])[:300]}
-    except (StoreError, Exception) as exc:  # noqa: BLE001 - any failure means not ready
+    except Exception as exc:  # noqa: BLE001 - any failure (a StoreError, a driver's) means not ready
         # The driver's message names hosts and ports; this endpoint may be open, so it goes to the log only.
-        log.warning("readyz: database unreachable: %s", redact(str(exc).splitlines()[0] if str(exc) else repr(exc)))
+        log.warning("readyz: database unreachable: %s", redact(first_line(exc)))
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
         return {"status": "unavailable", "reason": "the pool's database is unreachable (details in the server log)"}
     return {"status": "ready"}
