@@ -6,8 +6,14 @@ distributed optimizer — each in its own torchrun process, OOMs included, and w
 in the replay CSV format of DESIGN.md with the exact command and the framework fingerprint.
 
     python benchmarks/gpu_sweep.py --out benchmarks/data/h100-llama-1b.csv [--quick]
+    python benchmarks/gpu_sweep.py --spec examples/llama3.2-3b-h100-1gpu.yaml --out FILE.csv \
+        --config mbs=1 --config mbs=2,recompute=full,recompute_method=block,recompute_num_layers=14
 
-`--quick` runs three tiny configurations on whatever device is there (a smoke test).
+`--quick` runs three tiny configurations on whatever device is there (a smoke test). `--spec`
+takes the workload of an OptiCo spec (its GPU replaced by the one present) and sweeps the
+configurations given with `--config` (field=value pairs, the spec's `fixed` fields underneath).
+OPTICO_BENCH_FUSE_ROPE=1 in the environment reaches the driver; each row's notes name the
+driver's patches (`shim`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from optico.gpus import normalize_gpu_name  # noqa: E402
 from optico.launchers.megatron import report  # noqa: E402
 from optico.launchers.megatron.bench import torchrun_command, write_spec  # noqa: E402
 from optico.replay_csv import COLUMNS  # noqa: E402
+from optico.safe_yaml import load_yaml  # noqa: E402
+from optico.spec import load_spec  # noqa: E402
 from optico.strategy import Strategy, strategy_from_mapping  # noqa: E402
 from optico.workload import PRESETS, Cluster, ModelArch, Workload  # noqa: E402
 
@@ -63,6 +71,22 @@ def configurations(quick: bool) -> list[Strategy]:
     return [strategy_from_mapping(d) for d in out]
 
 
+def parse_config(text: str, fixed: dict) -> Strategy:
+    """`mbs=2,recompute=full` (values read as YAML scalars) over the spec's fixed fields."""
+    pairs = dict(item.split("=", 1) for item in text.split(",") if item)
+    return strategy_from_mapping({**fixed, **{k.strip(): load_yaml(v) for k, v in pairs.items()}})
+
+
+def megatron_args(w: Workload, s: Strategy) -> str:
+    """The notes' 'args:' list: what the replay columns cannot say (untied embeddings, fused CE,
+    partial recompute). Without the untie flag a reader takes Megatron-LM's default, tied."""
+    args = [f"untie-embeddings-and-output-weights={w.model.untie_embeddings_and_output_weights}",
+            f"cross-entropy-loss-fusion={s.cross_entropy_loss_fusion}"]
+    if s.recompute_granularity == "full":
+        args += [f"recompute-method={s.recompute_method}", f"recompute-num-layers={s.recompute_num_layers}"]
+    return "; args: " + ", ".join(args)
+
+
 def row(w: Workload, s: Strategy, parsed: dict, command: str) -> dict:
     m = w.model
     res = parsed.get("result")
@@ -81,7 +105,7 @@ def row(w: Workload, s: Strategy, parsed: dict, command: str) -> dict:
     notes = {"command": command, "cross_entropy_loss_fusion": s.cross_entropy_loss_fusion}
     if res and res.get("ok"):
         notes.update({k: res.get(k) for k in ("mem_max_reserved_gib", "gpu_util_avg", "cv", "steps", "stop_reason",
-                                              "layer_spec", "fingerprint")})
+                                              "layer_spec", "shim", "fingerprint")})
         def rounded(key: str, digits: int) -> float | str:
             return "" if res.get(key) is None else round(res[key], digits)  # null on CPU
 
@@ -89,14 +113,13 @@ def row(w: Workload, s: Strategy, parsed: dict, command: str) -> dict:
                     step_time_s=rounded("step_time_s", 5), tokens_per_s_per_gpu=rounded("tokens_per_s_per_gpu", 1),
                     mem_max_gib=rounded("mem_max_allocated_gib", 3))
         base["notes"] = ("mem_max_gib = torch max allocated (all ranks); " + json.dumps(notes, default=str)
-                         + f"; args: cross-entropy-loss-fusion={s.cross_entropy_loss_fusion}")
+                         + megatron_args(w, s))
     else:
         category = (err or {}).get("category", "unknown")
         notes.update({"error": (err or {}).get("message", "no result line")[:300]})
         base.update(result="oom" if category == "oom" else "error", tflops_per_gpu="", mfu="", step_time_s="",
                     tokens_per_s_per_gpu="", mem_max_gib="",
-                    notes=json.dumps(notes, default=str)
-                    + f"; args: cross-entropy-loss-fusion={s.cross_entropy_loss_fusion}")
+                    notes=json.dumps(notes, default=str) + megatron_args(w, s))
     return base
 
 
@@ -109,8 +132,20 @@ def main() -> int:
     ap.add_argument("--max-steps", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=240)
     ap.add_argument("--only", type=int, nargs="*", help="Run only these configuration numbers (1-based).")
+    ap.add_argument("--spec", help="Take the workload and step limits from this OptiCo spec (needs --config).")
+    ap.add_argument("--config", action="append", default=[], help="A configuration as field=value,... (repeat).")
     args = ap.parse_args()
-    if args.quick:
+    warmup, max_steps, min_steps = 2, args.max_steps, 3
+    configs = configurations(args.quick)
+    if args.spec:
+        spec = load_spec(args.spec)
+        if not args.config:
+            ap.error("--spec needs at least one --config")
+        w = spec.workload.model_copy(update={"cluster": spec.workload.cluster.model_copy(update={"gpu": gpu_key()})})
+        configs = [parse_config(c, dict(spec.search_space.fixed)) for c in args.config]
+        program = spec.launcher.program
+        warmup, max_steps, min_steps = program.warmup, program.max_steps, program.min_steps
+    elif args.quick:
         w = Workload(model=PRESETS["tiny-gpt"], seq_length=64, global_batch_size=4,
                      cluster=Cluster(gpu=gpu_key(), gpus_per_node=1))
     else:
@@ -123,10 +158,11 @@ def main() -> int:
     writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
     writer.writeheader()
     with tempfile.TemporaryDirectory() as tmp:
-        for i, s in enumerate(configurations(args.quick)):
+        for i, s in enumerate(configs):
             if args.only and i + 1 not in args.only:
                 continue
-            spec = write_spec(Path(tmp) / f"spec{i}.json", w, s, warmup=2, max_steps=args.max_steps, min_steps=3)
+            spec = write_spec(Path(tmp) / f"spec{i}.json", w, s, warmup=warmup, max_steps=max_steps,
+                              min_steps=min_steps)
             cmd = torchrun_command(spec, 1)
             shown = " ".join(["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m",
                               "optico.launchers.megatron.bench", "--spec-json", f"<{s.short()}>"])

@@ -22,6 +22,7 @@ flag rendering, the replay reader and the prompts' parameter table read this mod
 from __future__ import annotations
 
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
@@ -95,6 +96,13 @@ class Knob:
     @property
     def is_bool(self) -> bool:
         return self.annotation is bool
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The words a string-valued knob takes (its Literal), () for any other knob."""
+        members = typing.get_args(self.annotation) if typing.get_origin(self.annotation) is not Literal else ()
+        literals = [m for m in (self.annotation, *members) if typing.get_origin(m) is Literal]
+        return tuple(a for m in literals for a in typing.get_args(m) if isinstance(a, str))
 
     def active(self, s: "Strategy") -> bool:
         return getattr(s, self.name) != self.default

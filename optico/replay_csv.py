@@ -461,7 +461,7 @@ def _knob_args(args: dict[str, str], num_layers: int, pp: int | None) -> dict[st
                 out[k.name] = _is_true(value) if flag != "--no-overlap-p2p-communication" else not _is_true(value)
             elif (number := _count(value)) is not None:
                 out[k.name] = number
-            elif k.name == "moe_token_dispatcher_type" and value in ("allgather", "alltoall", "flex"):
+            elif value in k.choices:  # recompute-method=block, moe-token-dispatcher-type=alltoall
                 out[k.name] = value
     return out
 

@@ -299,3 +299,19 @@ def test_an_all_to_all_over_nodes_sends_only_the_remote_share_over_the_network()
     split = layer_costs(w, s, lay, c, {kind})[kind].ep
     all_network = layer_costs(w, s, replace(lay, ep_bw=_link_bw(w, c, 16)), c, {kind})[kind].ep
     assert 0 < split < all_network * 0.6  # 8/15 of it over the network, the rest on NVLink alongside
+
+
+def test_block_recompute_rematerializes_one_layer_at_a_time():
+    """Megatron's block method checkpoints each of its first N layers on its own
+    (TransformerBlock._checkpointed_forward), so the backward holds one layer's activations at a
+    time: recomputing every layer as blocks costs the memory of uniform chunks of one layer, and
+    each further recomputed layer saves memory. (The model once held N layers in flight.)"""
+    layers = W.model.num_layers
+
+    def memory(method: str, n: int) -> float:
+        s = S(tp=4, recompute_granularity="full", recompute_method=method, recompute_num_layers=n)
+        return predict(W, s).memory.activations_gib
+
+    assert memory("block", layers) == pytest.approx(memory("uniform", 1))
+    held = [memory("block", n) for n in (1, layers // 4, layers // 2, layers)]
+    assert held == sorted(held, reverse=True) and held[0] > held[-1]

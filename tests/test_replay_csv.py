@@ -451,3 +451,48 @@ def test_files_the_reader_cannot_take_are_one_replay_error(tmp_path: Path):
     latin.write_bytes(",".join(COLUMNS).encode() + b"\n\xe9\n")
     with pytest.raises(ReplayError, match=r"latin\.csv: not UTF-8"):
         read_replay_csv(latin)
+
+
+def test_string_knobs_and_untied_embeddings_from_args(tmp_path: Path) -> None:
+    """Notes' 'args:' state what the columns cannot: a word-valued knob such as the recompute
+    method, and untied embeddings (without the flag, Megatron-LM's default: tied)."""
+    row = one(tmp_path, recompute="full", notes="args: untie-embeddings-and-output-weights=True, "
+                                                "recompute-method=block, recompute-num-layers=14")
+    s = row.strategy
+    assert (s.recompute_granularity, s.recompute_method, s.recompute_num_layers) == ("full", "block", 14)
+    assert row.workload.model.untie_embeddings_and_output_weights
+    tied = one(tmp_path, recompute="full", notes="args: recompute-method=sideways")
+    assert tied.strategy.recompute_method == "uniform"  # a word the knob does not take is not read
+    assert not tied.workload.model.untie_embeddings_and_output_weights
+
+
+def test_gpu_sweep_rows_read_back_as_the_configuration_that_ran(tmp_path: Path) -> None:
+    """benchmarks/gpu_sweep.py writes each run as a replay row: read back, it must be the workload
+    and strategy the driver ran (untied embeddings, block recompute of 14 layers), for ok and OOM."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gpu_sweep
+
+    from optico.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "llama3.2-3b-h100-1gpu.yaml")
+    w = spec.workload
+    s = gpu_sweep.parse_config("mbs=1,recompute=full,recompute_method=block,recompute_num_layers=14",
+                               dict(spec.search_space.fixed))
+    ok = {"result": {"ok": True, "mfu": 0.36, "tflops_per_gpu": 357.0, "step_time_s": 1.2,
+                     "tokens_per_s_per_gpu": 27000.0, "mem_max_allocated_gib": 73.97}}
+    oom = {"errors": [{"category": "oom", "message": "CUDA out of memory"}]}
+    path = tmp_path / "sweep.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        writer.writeheader()
+        for parsed in (ok, oom):
+            writer.writerow(gpu_sweep.row(w, s, parsed, "python -m ..."))
+    rows = read_replay_csv(path)
+    assert [r.result for r in rows] == ["ok", "oom"]
+    for r in rows:
+        assert r.strategy.signature() == s.signature(), r.skip_reason
+        # The table has no gpus_per_node column (a reader assumes 8 per node): all else is the run's.
+        assert r.workload.model_dump(exclude={"cluster"}) == w.model_dump(exclude={"cluster"})
+        assert (r.workload.world_size, r.workload.cluster.gpu) == (w.world_size, w.cluster.gpu)

@@ -101,9 +101,11 @@ def stage_activation_bytes(w: Workload, s: Strategy, lay: Layout, c: Constants, 
         n = s.recompute_num_layers or 1
         chunk_layers = layers / lay.vpp
         if s.recompute_method == "block":
+            # The first n layers of each chunk are checkpointed one layer at a time
+            # (TransformerBlock._checkpointed_forward), so one layer is rematerialized at once.
             recomputed = min(n, chunk_layers) * lay.vpp
             per_microbatch = recomputed * kept_input + (layers - recomputed) * full
-            working = full * min(n, chunk_layers)
+            working = full
         else:
             chunks = max(1.0, layers / n)
             per_microbatch = chunks * kept_input
