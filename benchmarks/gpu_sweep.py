@@ -138,12 +138,15 @@ def main() -> int:
     warmup, max_steps, min_steps = 2, args.max_steps, 3
     configs = configurations(args.quick)
     if args.spec:
-        spec = load_spec(args.spec)
-        if not args.config:
-            ap.error("--spec needs at least one --config")
-        w = spec.workload.model_copy(update={"cluster": spec.workload.cluster.model_copy(update={"gpu": gpu_key()})})
-        configs = [parse_config(c, dict(spec.search_space.fixed)) for c in args.config]
-        program = spec.launcher.program
+        job = load_spec(args.spec)
+        program = job.launcher.program
+        if not args.config or program is None or program.kind != "megatron-core":
+            ap.error("--spec needs a megatron-core program in its launcher and at least one --config")
+        w = job.workload.model_copy(update={"cluster": job.workload.cluster.model_copy(update={"gpu": gpu_key()})})
+        try:
+            configs = [parse_config(c, dict(job.search_space.fixed)) for c in args.config]
+        except (ValueError, KeyError) as exc:  # a pair without '=', an unknown field or value
+            ap.error(f"--config: {str(exc).strip(chr(34)).splitlines()[0][:200]}")
         warmup, max_steps, min_steps = program.warmup, program.max_steps, program.min_steps
     elif args.quick:
         w = Workload(model=PRESETS["tiny-gpt"], seq_length=64, global_batch_size=4,
@@ -161,9 +164,9 @@ def main() -> int:
         for i, s in enumerate(configs):
             if args.only and i + 1 not in args.only:
                 continue
-            spec = write_spec(Path(tmp) / f"spec{i}.json", w, s, warmup=warmup, max_steps=max_steps,
-                              min_steps=min_steps)
-            cmd = torchrun_command(spec, 1)
+            spec_path = write_spec(Path(tmp) / f"spec{i}.json", w, s, warmup=warmup, max_steps=max_steps,
+                                   min_steps=min_steps)
+            cmd = torchrun_command(spec_path, 1)
             shown = " ".join(["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m",
                               "optico.launchers.megatron.bench", "--spec-json", f"<{s.short()}>"])
             t0 = time.time()
