@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import os
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from optico.gpus import normalize_gpu_name  # noqa: E402
 from optico.launchers.megatron import report  # noqa: E402
 from optico.launchers.megatron.bench import torchrun_command, write_spec  # noqa: E402
 from optico.replay_csv import COLUMNS  # noqa: E402
+from optico.replay_rows import replay_row  # noqa: E402
 from optico.safe_yaml import load_yaml  # noqa: E402
 from optico.spec import load_spec  # noqa: E402
 from optico.strategy import Strategy, strategy_from_mapping  # noqa: E402
@@ -77,50 +77,21 @@ def parse_config(text: str, fixed: dict) -> Strategy:
     return strategy_from_mapping({**fixed, **{k.strip(): load_yaml(v) for k, v in pairs.items()}})
 
 
-def megatron_args(w: Workload, s: Strategy) -> str:
-    """The notes' 'args:' list: what the replay columns cannot say (untied embeddings, fused CE,
-    partial recompute). Without the untie flag a reader takes Megatron-LM's default, tied."""
-    args = [f"untie-embeddings-and-output-weights={w.model.untie_embeddings_and_output_weights}",
-            f"cross-entropy-loss-fusion={s.cross_entropy_loss_fusion}"]
-    if s.recompute_granularity == "full":
-        args += [f"recompute-method={s.recompute_method}", f"recompute-num-layers={s.recompute_num_layers}"]
-    return "; args: " + ", ".join(args)
-
-
 def row(w: Workload, s: Strategy, parsed: dict, command: str) -> dict:
-    m = w.model
+    """The run as a replay row (optico.replay_rows: it reads back as this workload and strategy)."""
     res = parsed.get("result")
-    err = report.primary_error(parsed.get("errors", []))
-    base = {
-        "source": "OptiCo gpu_sweep.py (megatron-core benchmark driver, this repository)",
-        "model": m.name, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
-        "num_attention_heads": m.num_attention_heads, "num_query_groups": m.groups,
-        "ffn_hidden_size": m.ffn_hidden_size, "vocab_size": m.vocab_size, "seq_length": w.seq_length,
-        "num_experts": "", "topk": "", "gpu": w.cluster.gpu, "num_gpus": w.world_size,
-        "tp": s.tp, "pp": s.pp, "dp": s.dp(w.world_size), "cp": s.cp, "ep": s.ep, "vpp": s.vpp, "mbs": s.mbs,
-        "gbs": w.global_batch_size, "recompute": s.recompute, "precision": w.precision,
-        "sequence_parallel": str(s.sequence_parallel).lower(),
-        "distributed_optimizer": str(s.use_distributed_optimizer).lower(),
-    }
-    notes = {"command": command, "cross_entropy_loss_fusion": s.cross_entropy_loss_fusion}
+    notes: dict = {"command": command, "cross_entropy_loss_fusion": s.cross_entropy_loss_fusion}
+    source = "OptiCo gpu_sweep.py (megatron-core benchmark driver, this repository)"
     if res and res.get("ok"):
         notes.update({k: res.get(k) for k in ("mem_max_reserved_gib", "gpu_util_avg", "cv", "steps", "stop_reason",
                                               "layer_spec", "shim", "fingerprint")})
-        def rounded(key: str, digits: int) -> float | str:
-            return "" if res.get(key) is None else round(res[key], digits)  # null on CPU
-
-        base.update(result="ok", tflops_per_gpu=rounded("tflops_per_gpu", 2), mfu=rounded("mfu", 4),
-                    step_time_s=rounded("step_time_s", 5), tokens_per_s_per_gpu=rounded("tokens_per_s_per_gpu", 1),
-                    mem_max_gib=rounded("mem_max_allocated_gib", 3))
-        base["notes"] = ("mem_max_gib = torch max allocated (all ranks); " + json.dumps(notes, default=str)
-                         + megatron_args(w, s))
-    else:
-        category = (err or {}).get("category", "unknown")
-        notes.update({"error": (err or {}).get("message", "no result line")[:300]})
-        base.update(result="oom" if category == "oom" else "error", tflops_per_gpu="", mfu="", step_time_s="",
-                    tokens_per_s_per_gpu="", mem_max_gib="",
-                    notes=json.dumps(notes, default=str) + megatron_args(w, s))
-    return base
+        metrics = {**res, "mem_max_gib": res.get("mem_max_allocated_gib")}  # null MFU/TFLOP/s on CPU
+        return replay_row(w, s, result="ok", source=source, notes=notes, metrics=metrics,
+                          memory_meaning="mem_max_gib = torch max allocated (all ranks)")
+    err = report.primary_error(parsed.get("errors", []))
+    notes["error"] = (err or {}).get("message", "no result line")[:300]
+    result = "oom" if (err or {}).get("category") == "oom" else "error"
+    return replay_row(w, s, result=result, source=source, notes=notes)
 
 
 def main() -> int:

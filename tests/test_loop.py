@@ -165,6 +165,14 @@ def test_cli_tune_json_and_jobs_commands(tmp_path: Path, cli_env: dict):
     missing = subprocess.run(optico_cmd("jobs", "show", "999"), env=cli_env, capture_output=True, text=True,
                              timeout=120)
     assert missing.returncode == 2 and "no job 999" in missing.stderr
+    # a simulated job's trials are predictions: `jobs export` refuses them and writes nothing
+    exported = tmp_path / "trials.csv"
+    refused = subprocess.run(optico_cmd("jobs", "export", str(result["job_id"]), "--out", str(exported)),
+                             env=cli_env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "sim launcher" in refused.stderr and not exported.exists(), refused.stderr
+    unknown = subprocess.run(optico_cmd("jobs", "export", "999", "--out", str(exported)), env=cli_env,
+                             capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 2 and "no job 999" in unknown.stderr and not exported.exists()
 
 
 class CrashingLauncher(Launcher):

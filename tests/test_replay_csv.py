@@ -496,3 +496,34 @@ def test_gpu_sweep_rows_read_back_as_the_configuration_that_ran(tmp_path: Path) 
         # The table has no gpus_per_node column (a reader assumes 8 per node): all else is the run's.
         assert r.workload.model_dump(exclude={"cluster"}) == w.model_dump(exclude={"cluster"})
         assert (r.workload.world_size, r.workload.cluster.gpu) == (w.world_size, w.cluster.gpu)
+
+
+def test_every_knob_survives_a_written_row(tmp_path: Path) -> None:
+    """optico.replay_rows writes what no column states as Megatron-LM arguments; read back, every
+    strategy of a MoE space with every tunable knob is the one written (the overlaps, the
+    dispatcher, grouped GEMM, ETP, uneven stages, partial recompute...)."""
+    from itertools import islice
+
+    from optico.replay_rows import replay_row
+    from optico.search_space import SearchSpace
+
+    w = Workload(model=PRESETS["mixtral-8x7b"], seq_length=4096, global_batch_size=256, precision="bf16",
+                 cluster=Cluster(gpu="h100-sxm", gpus_per_node=8, nodes=2))
+    space = SearchSpace.build(w, {**{name: None for name in ("tp", "pp", "ep", "vpp", "mbs", "sp", "recompute",
+                                                             "distributed_optimizer", "overlap_grad_reduce",
+                                                             "overlap_param_gather", "cross_entropy_loss_fusion",
+                                                             "moe_token_dispatcher_type", "moe_grouped_gemm",
+                                                             "etp", "recompute_method")},
+                                  "recompute_num_layers": [1, 4], "decoder_first_pipeline_num_layers": [None, 14]})
+    written = list(islice(space.enumerate(w), 0, 4000, 13))
+    assert len(written) > 100
+    path = tmp_path / "rows.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        writer.writeheader()
+        writer.writerows(replay_row(w, s, result="oom", source="test", notes={}) for s in written)
+    read = read_replay_csv(path)
+    for row, s in zip(read, written, strict=True):
+        assert row.strategy is not None, row.skip_reason
+        assert row.strategy.signature() == s.signature(), (s.short(), row.strategy.short())
+        assert row.workload.model_dump(exclude={"cluster"}) == w.model_dump(exclude={"cluster"})

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import json
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -11,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from optico.cli.common import DatabaseOption, check_id, console, fail, open_store, shown_url
+from optico.terminal import check_output_path
 from optico.cli.views import resume_hint, status_label, summary, trial_block, worker_gone
 from optico.textsafe import rich_text, terminal_text
 
@@ -198,3 +201,42 @@ def jobs_show(job_id: int = typer.Argument(..., metavar="JOB_ID", show_default=F
             _show_messages(store, job_id, iteration=iteration, agent=agent, kind=kind, full=full,
                            reasoning=reasoning)
         summary(result, console)
+
+
+# Launchers whose trials are measurements of real training (sim predicts, replay repeats a table).
+_MEASURING_LAUNCHERS = ("local", "ray")
+
+
+@jobs_app.command("export")
+def jobs_export(job_id: int = typer.Argument(..., metavar="JOB_ID", show_default=False),
+                out: Path = typer.Option(..., "--out", metavar="FILE.csv", help="Replay CSV to write."),
+                database: Optional[str] = DatabaseOption) -> None:
+    """A job's measured trials as a replay CSV: for `optico perfmodel evaluate|calibrate --data`,
+    `optico bench --landscape` or a replay launcher. Each row holds the trial's framework
+    fingerprint; runs that say nothing about their configuration (lost, infrastructure) are left out."""
+    check_id(job_id, "JOB_ID")
+    check_output_path(out, "--out")
+    from optico.replay_csv import COLUMNS
+    from optico.replay_rows import trial_row
+
+    store, url = open_store(database, job=job_id)
+    with store:
+        try:
+            job = store.get_job(job_id)
+        except KeyError:
+            fail(f"JOB_ID: no job {job_id} in {shown_url(url)}")
+        launcher = job.spec.launcher.kind
+        if launcher not in _MEASURING_LAUNCHERS:
+            fail(f"JOB_ID: job {job_id} ran on the {launcher} launcher, whose trials measure nothing "
+                 f"(export a job of the {' or '.join(_MEASURING_LAUNCHERS)} launcher)")
+        trials = store.trials(job_id)
+    rows = [r for t in trials
+            if (r := trial_row(job.spec.workload, t, job_id=job_id, job_name=job.spec.name, launcher=launcher))]
+    target = out.expanduser()
+    target.parent.mkdir(parents=True, exist_ok=True)  # check_output_path allowed the missing folders
+    with target.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        writer.writeheader()
+        writer.writerows(rows)
+    console.print(Text(f"wrote {len(rows)} of {len(trials)} trials to {terminal_text(str(out), one_line=True)}"
+                       f" ({len(trials) - len(rows)} said nothing about their configuration)"))

@@ -53,7 +53,24 @@ def tune(launcher: str, tmp_path: Path, env: dict[str, str], db_url: str) -> dic
 
 
 def test_tune_tiny_gpt_cpu_with_the_local_launcher(tmp_path: Path, cli_env: dict[str, str], db_url: str):
-    tune("local", tmp_path, cli_env, db_url)
+    result = tune("local", tmp_path, cli_env, db_url)
+    # `optico jobs export`: the measured trials as replay rows that read back as what ran
+    out = tmp_path / "trials.csv"
+    proc = subprocess.run(optico_cmd("jobs", "export", str(result["job_id"]), "--out", str(out)),
+                          env=cli_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from optico.replay_csv import read_replay_csv
+    from optico.strategy import Strategy
+
+    rows = read_replay_csv(out)
+    assert len(rows) == len(result["trials"])  # none lost: every trial ran or failed on its configuration
+    for row, trial in zip(rows, result["trials"]):
+        assert row.strategy.signature() == Strategy.model_validate(trial["strategy"]).signature()
+        assert row.result == ("ok" if trial["status"] == "ok" else "error")  # the CP=2 failure is no OOM
+        assert '"launcher": "local"' in row.notes  # the fingerprint
+        if row.result == "ok":  # the driver's result line adds the framework's versions
+            assert '"megatron_core"' in row.notes and '"torch"' in row.notes
+            assert row.mfu == pytest.approx(trial["metrics"]["mfu"], abs=1e-4)
 
 
 @pytest.mark.ray
