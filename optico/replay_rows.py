@@ -83,8 +83,8 @@ def trial_result(t: Trial) -> RowResult | None:
 
 
 def trial_row(w: Workload, t: Trial, *, job_id: int, job_name: str, launcher: str) -> dict[str, Any] | None:
-    """A job's trial as a replay row (None: see `trial_result`). The trial's memory is what its
-    launcher reported: the driver's peak reserved by torch's allocator."""
+    """A job's trial as a replay row (None: see `trial_result`). The trial's memory is the peak its
+    launcher reported: torch's max reserved (the driver's result line, Megatron-LM's memory report)."""
     result = trial_result(t)
     if result is None:
         return None

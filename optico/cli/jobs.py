@@ -13,8 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from optico.cli.common import DatabaseOption, check_id, console, fail, open_store, shown_url
-from optico.terminal import check_output_path
 from optico.cli.views import resume_hint, status_label, summary, trial_block, worker_gone
+from optico.terminal import check_output_path
 from optico.textsafe import rich_text, terminal_text
 
 jobs_app = typer.Typer(no_args_is_help=True, help="Inspect tuning jobs in the pool.")
