@@ -97,6 +97,11 @@ class Knob:
     def is_bool(self) -> bool:
         return self.annotation is bool
 
+    @staticmethod
+    def negates(flag: str) -> bool:
+        """A `--no-...` flag states the opposite of its knob's value (--no-overlap-p2p-communication)."""
+        return flag.startswith("--no-")
+
     @property
     def choices(self) -> tuple[str, ...]:
         """The words a string-valued knob takes (its Literal), () for any other knob."""

@@ -458,7 +458,7 @@ def _knob_args(args: dict[str, str], num_layers: int, pp: int | None) -> dict[st
                 if per_stage and pp and num_layers % (pp * per_stage) == 0:
                     out[k.name] = num_layers // (pp * per_stage)
             elif k.is_bool:
-                out[k.name] = _is_true(value) if flag != "--no-overlap-p2p-communication" else not _is_true(value)
+                out[k.name] = _is_true(value) != k.negates(flag)
             elif (number := _count(value)) is not None:
                 out[k.name] = number
             elif value in k.choices:  # recompute-method=block, moe-token-dispatcher-type=alltoall

@@ -31,10 +31,10 @@ def megatron_args(w: Workload, s: Strategy) -> str:
         value = getattr(s, k.name)
         if k.csv in COLUMNS or not k.flags or value == k.default:
             continue
-        flag = k.flags[0].removeprefix("--")
-        if k.is_bool and flag.startswith("no-"):  # --no-overlap-p2p-communication states the opposite
+        flag = k.flags[0]
+        if k.is_bool and k.negates(flag):
             value = not value
-        args.append(f"{flag}={value}")
+        args.append(f"{flag.removeprefix('--')}={value}")
     return "; args: " + ", ".join(args)
 
 
