@@ -52,12 +52,13 @@ def test_a_cron_slot_is_claimed_once_and_moves_on(store: SqlStore) -> None:
 
 def test_the_tick_lock_refuses_others_until_it_expires_and_a_dead_ticks_tick_is_failed(store: SqlStore) -> None:
     add_schedule(store, "a")
-    tick = store.claim_tick("a", "w1", 1.0)
+    lock_s = 3.0  # long enough that a loaded CI machine gets the next two calls in before it expires
+    tick = store.claim_tick("a", "w1", lock_s)
     with pytest.raises(TickBusy, match="schedule 'a' is being ticked by w1 until"):
         store.claim_tick("a", "w2", 30)
     store.fire_now("a")
     assert store.due_schedules() == []  # locked: not due for anyone else
-    time.sleep(1.3)
+    time.sleep(lock_s + 0.3)
     taken = store.claim_tick("a", "w2", 30)
     dead = store.get_tick(tick.id)
     assert dead.status == "failed" and "w1" in dead.report["error"]
