@@ -28,8 +28,10 @@ def _ci(f: dict[str, Any] | None) -> str:
 
 
 def _diff(d: dict[str, Any]) -> str:
-    return (f"{100 * d['mean']:+.1f} pt [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}], p = {d['p']:.2g}, "
-            f"wins {d['wins']:.0%} / losses {d['losses']:.0%}")
+    ahead = (f", ahead on {d['strata_ahead']} / behind on {d['strata_behind']} of {d['strata']} landscapes"
+             if d.get("strata") else "")
+    return (f"{100 * d['mean']:+.1f} pt [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}], p = {d['p']:.2g} over runs, "
+            f"wins {d['wins']:.0%} / losses {d['losses']:.0%} of runs{ahead}")
 
 
 def _group_order(doc: dict[str, Any]) -> list[str]:
@@ -87,7 +89,7 @@ def markdown(doc: dict[str, Any]) -> str:
              f"tuner constants frozen before it: {held}). Wall {meta['wall_seconds']:.0f} s, CPU "
              f"{meta['cpu_seconds']:.0f} s, {meta['jobs']} worker(s) on {meta['cpus']} CPU(s).", "",
              "Figures are means over runs (landscape x seed) in % of each landscape's optimum, with bootstrap 95 % "
-             "intervals (seeds resampled within landscapes); AUC = mean best-so-far over the budget; →98 % = share "
+             "intervals for landscapes of the group's kind (landscapes resampled, then seeds within them); AUC = mean best-so-far over the budget; →98 % = share "
              "of runs whose best reached 98 % of the optimum; failed launches = failed / all launches (of which OOM: "
              "out of memory; hangs come at the landscape's own rate).", ""]
     for group in _group_order(doc):

@@ -2,10 +2,13 @@
 
 A *run* is one tuner on one landscape with one seed. Runs of a group of landscapes are summarised
 by their mean; every landscape has the same number of seeds, so each weighs the same. Intervals are
-percentile bootstraps that resample seeds within each landscape (the landscapes of a group are the
-population the figures speak for; resampling them too would answer a different question — a new
-draw of landscapes — and is left to the per-landscape table). Paired comparisons pair the runs of
-two tuners on the same landscape and seed (the same hidden landscape, the same run noise).
+two-stage percentile bootstraps: the landscapes of the group are resampled, then the seeds within
+each landscape drawn. The question the figures answer is how a tuner does on landscapes *of this
+kind* — the next workload, not only the four or five drawn here — so the spread between landscapes
+is part of the interval; with a handful of landscapes that spread, not the seeds, sets its width.
+(Until the ninth freeze only the seeds were resampled: an interval for these landscapes alone, which
+two draws of the same family could both exclude.) Paired comparisons pair the runs of two tuners on
+the same landscape and seed (the same hidden landscape, the same run noise).
 
 No figure here is a median of censored values: "trials to 98 %" is shown as the share of runs that
 got there by each trial (an ECDF), never as a median with "never" counted as budget + 1.
@@ -32,19 +35,24 @@ def _strata(values: Sequence[float], strata: Sequence[Any] | None) -> list[np.nd
 
 
 def bootstrap_mean(values: Sequence[float], strata: Sequence[Any] | None = None, n_boot: int = N_BOOT,
-                   seed: int = 0) -> dict[str, float | None]:
-    """{"mean", "lo", "hi", "n"}: the mean and a percentile bootstrap interval, resampling within
-    each stratum (landscape) so every stratum keeps its weight."""
+                   seed: int = 0, resample_strata: bool = True) -> dict[str, float | None]:
+    """{"mean", "lo", "hi", "n"}: the mean and a percentile bootstrap interval. With `strata`
+    (landscapes), each replicate draws the strata with replacement and then the values within each
+    drawn stratum, and weighs a stratum by its size; `resample_strata=False` keeps every stratum
+    once (an interval for these strata only)."""
     v = np.asarray(values, dtype=float)
     if not len(v):
         return {"mean": None, "lo": None, "hi": None, "n": 0}
     groups = _strata(v, strata)
     rng = np.random.default_rng(seed)
-    weights = np.array([len(g) for g in groups], dtype=float) / len(v)
-    boots = np.zeros(n_boot)
-    for w, g in zip(weights, groups):
-        idx = rng.integers(0, len(g), size=(n_boot, len(g)))
-        boots += w * v[g][idx].mean(axis=1)
+    sizes = np.array([len(g) for g in groups], dtype=float)
+    # n_boot x strata: each stratum's mean under a resampling of its own values
+    within = np.stack([v[g][rng.integers(0, len(g), size=(n_boot, len(g)))].mean(axis=1) for g in groups], axis=1)
+    if resample_strata and len(groups) > 1:
+        drawn = rng.integers(0, len(groups), size=(n_boot, len(groups)))
+        boots = (np.take_along_axis(within, drawn, axis=1) * sizes[drawn]).sum(axis=1) / sizes[drawn].sum(axis=1)
+    else:
+        boots = within @ (sizes / sizes.sum())
     alpha = (1 - LEVEL) / 2
     return {"mean": float(v.mean()), "lo": float(np.quantile(boots, alpha)),
             "hi": float(np.quantile(boots, 1 - alpha)), "n": int(len(v))}
@@ -53,11 +61,15 @@ def bootstrap_mean(values: Sequence[float], strata: Sequence[Any] | None = None,
 def paired_difference(a: Sequence[float], b: Sequence[float], strata: Sequence[Any] | None = None,
                       seed: int = 0) -> dict[str, float | None]:
     """Mean of a - b over paired runs with its bootstrap interval, the Wilcoxon signed-rank p-value
-    (two-sided; 1.0 when every difference is zero) and the share of pairs where a > b / a < b."""
+    over runs (two-sided; 1.0 when every difference is zero), the share of pairs where a > b / a < b
+    and, with `strata`, on how many strata (landscapes) a is ahead / behind on average."""
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
     out = bootstrap_mean(d, strata, seed=seed)
     if not len(d):
-        return {**out, "p": None, "wins": None, "losses": None}
+        return {**out, "p": None, "wins": None, "losses": None, "strata_ahead": None, "strata_behind": None}
+    per_stratum = np.array([d[g].mean() for g in _strata(d, strata)])
+    out |= {"strata_ahead": int((per_stratum > 1e-12).sum()), "strata_behind": int((per_stratum < -1e-12).sum()),
+            "strata": len(per_stratum)}
     nonzero = d[np.abs(d) > 1e-12]
     p = 1.0
     if len(nonzero) >= 1:

@@ -20,11 +20,32 @@ def test_bootstrap_mean_interval_covers_and_collapses():
 
 
 def test_strata_keep_their_weight():
-    # Two landscapes, equal seeds: the bootstrap mean stays the mean of the landscape means.
+    # Two landscapes, equal seeds, no spread within either: kept once each, the interval is the mean of
+    # the landscape means; resampled (the default), it spans what another draw of landscapes could give.
     values = [1.0] * 5 + [0.0] * 5
     strata = ["a"] * 5 + ["b"] * 5
+    fixed = bootstrap_mean(values, strata, resample_strata=False)
+    assert fixed["lo"] == fixed["hi"] == pytest.approx(0.5)
     out = bootstrap_mean(values, strata)
-    assert out["lo"] == out["hi"] == pytest.approx(0.5)  # no between-stratum resampling noise
+    assert out["mean"] == pytest.approx(0.5) and out["lo"] == 0.0 and out["hi"] == 1.0
+
+
+def test_interval_for_new_landscapes_is_wider_than_for_these():
+    # Four landscapes whose means differ by much more than their seeds do.
+    rng = np.random.default_rng(1)
+    values = np.concatenate([m + rng.normal(0, 0.002, 20) for m in (0.90, 0.95, 0.97, 0.99)])
+    strata = np.repeat(["a", "b", "c", "d"], 20).tolist()
+    these = bootstrap_mean(values, strata, resample_strata=False)
+    new = bootstrap_mean(values, strata)
+    assert these["hi"] - these["lo"] < 0.005
+    assert new["hi"] - new["lo"] > 0.03 and new["lo"] < 0.93 < 0.97 < new["hi"]
+
+
+def test_paired_difference_counts_landscapes_ahead_and_behind():
+    a = [1.0] * 6 + [0.5] * 3
+    b = [0.9] * 3 + [1.0] * 3 + [0.5] * 3
+    d = paired_difference(a, b, ["x"] * 3 + ["y"] * 3 + ["z"] * 3)
+    assert (d["strata_ahead"], d["strata_behind"], d["strata"]) == (1, 0, 3)
 
 
 def test_paired_difference_sign_and_test():
