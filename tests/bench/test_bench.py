@@ -15,7 +15,7 @@ from optico.bench.baselines import BASELINES, _encoding, model_ranking
 from optico.bench.landscapes import DEVIATIONS, BenchLauncher, LandscapeSkipped, draw_hidden, out_of_form
 from optico.bench.metrics import best_so_far, run_metrics
 from optico.bench.report import markdown, plot, result_document, write_json
-from optico.bench.suite import select_landscapes
+from optico.bench.suite import OUT_OF_FORM, select_landscapes
 from optico.bench.tuners import TrialOutcome
 from optico.perfmodel.constants import load_constants
 from optico.runner import search_pool
@@ -181,11 +181,14 @@ def test_select_landscapes():
         groups.setdefault(getattr(d, "group", "independent"), []).append(d.name)
     assert set(groups) >= {"independent", "out-of-form", "real", "self"}
     assert all(n.endswith("+oof") for n in groups["out-of-form"])
+    # every named out-of-form landscape exists (a misspelt name would drop out of the report silently)
+    assert sorted(n.removesuffix("+oof") for n in groups["out-of-form"]) == sorted(OUT_OF_FORM)
+    assert len({d.preset for d in select_landscapes("out-of-form", dev=True)}) == 6  # every preset but the 70B
     sweep = select_landscapes("out-of-form", dev=True, sweep=[0.0, 0.2])
     assert {d.group for d in sweep} == {"out-of-form", "sweep 0.00", "sweep 0.20"}
     wide = select_landscapes("out-of-form", dev=True, all_clusters=True)
     assert len(wide) > len(groups["out-of-form"]) and {d.group for d in wide} == {"out-of-form"}
-    assert {n for n in groups["out-of-form"]} < {d.name for d in wide}  # the reported four among them
+    assert {n for n in groups["out-of-form"]} < {d.name for d in wide}  # the reported ones among them
     assert select_landscapes("sim", dev=True)[0].landscape_seed == separation.DEV_LANDSCAPE_SEEDS[1]
     assert select_landscapes("sim")[0].landscape_seed == separation.test_landscape_seed(0)
     with pytest.raises(ValueError, match="--suite"):
