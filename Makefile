@@ -44,11 +44,8 @@ install: $(VENV)/.installed
 install-llm-server: $(VENV)/.installed-llm-server
 
 install-bench: $(VENV)/.installed-bench
-	$(BIN)/optico bench --quick
 
-test: $(VENV)/.installed-test
-
-install-bench: $(VENV)/.installed-bench
+install-test: $(VENV)/.installed-test
 
 demo: $(VENV)/.installed
 	$(BIN)/optico tune examples/llama3-8b-a100.yaml --json runs/demo.json
