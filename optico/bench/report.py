@@ -89,9 +89,10 @@ def markdown(doc: dict[str, Any]) -> str:
              f"tuner constants frozen before it: {held}). Wall {meta['wall_seconds']:.0f} s, CPU "
              f"{meta['cpu_seconds']:.0f} s, {meta['jobs']} worker(s) on {meta['cpus']} CPU(s).", "",
              "Figures are means over runs (landscape x seed) in % of each landscape's optimum, with bootstrap 95 % "
-             "intervals for landscapes of the group's kind (landscapes resampled, then seeds within them); AUC = mean best-so-far over the budget; →98 % = share "
-             "of runs whose best reached 98 % of the optimum; failed launches = failed / all launches (of which OOM: "
-             "out of memory; hangs come at the landscape's own rate).", ""]
+             "intervals for landscapes of the group's kind (landscapes resampled, then seeds within them); AUC = "
+             "mean best-so-far over the budget; →98 % = share of runs whose best reached 98 % of the optimum; "
+             "failed launches = failed / all launches (of which OOM: out of memory; hangs come at the landscape's "
+             "own rate).", ""]
     for group in _group_order(doc):
         title = GROUP_TITLES.get(group, f"Out-of-form effects of size {group.split()[-1]} (sensitivity sweep)")
         lines += [f"### {title}", "", f"{len(doc['groups'][group]['landscapes'])} landscapes.", ""]

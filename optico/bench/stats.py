@@ -6,7 +6,7 @@ two-stage percentile bootstraps: the landscapes of the group are resampled, then
 each landscape drawn. The question the figures answer is how a tuner does on landscapes *of this
 kind* — the next workload, not only the four or five drawn here — so the spread between landscapes
 is part of the interval; with a handful of landscapes that spread, not the seeds, sets its width.
-(Until the ninth freeze only the seeds were resampled: an interval for these landscapes alone, which
+(Until 2026-11-26 only the seeds were resampled: an interval for these landscapes alone, which
 two draws of the same family could both exclude.) Paired comparisons pair the runs of two tuners on
 the same landscape and seed (the same hidden landscape, the same run noise).
 
