@@ -19,12 +19,14 @@ driver's patches (`shim`).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import csv
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from optico.gpus import normalize_gpu_name  # noqa: E402
 from optico.launchers.megatron import report  # noqa: E402
+from optico.launchers.proc import ProcessRun  # noqa: E402
 from optico.launchers.megatron.bench import torchrun_command, write_spec  # noqa: E402
 from optico.replay_csv import COLUMNS  # noqa: E402
 from optico.replay_rows import replay_row  # noqa: E402
@@ -77,7 +80,20 @@ def parse_config(text: str, fixed: dict) -> Strategy:
     return strategy_from_mapping({**fixed, **{k.strip(): load_yaml(v) for k, v in pairs.items()}})
 
 
-def row(w: Workload, s: Strategy, parsed: dict, command: str) -> dict:
+async def run_whole(cmd: list[str], run_dir: Path, timeout_s: float) -> tuple[str, bool]:
+    """Run one torchrun tree; on timeout kill all of it, workers included, so that the next
+    configuration starts on an empty GPU. Returns (stdout + stderr, timed out)."""
+    run = ProcessRun(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=str(REPO), run_dir=run_dir,
+                     token=uuid.uuid4().hex)
+    await run.start()
+    timed_out = await run.wait(timeout=timeout_s) is None
+    await run.kill(grace_s=5.0)  # also reaps a worker left behind by a torchrun that exited
+    text = "".join((run_dir / name).read_text(errors="replace") for name in ("stdout.log", "stderr.log")
+                   if (run_dir / name).exists())
+    return text, timed_out
+
+
+def row(w: Workload, s: Strategy, parsed: dict, command: str, timed_out_s: float | None = None) -> dict:
     """The run as a replay row (optico.replay_rows: it reads back as this workload and strategy)."""
     res = parsed.get("result")
     notes: dict = {"command": command, "cross_entropy_loss_fusion": s.cross_entropy_loss_fusion}
@@ -89,7 +105,8 @@ def row(w: Workload, s: Strategy, parsed: dict, command: str) -> dict:
         return replay_row(w, s, result="ok", source=source, notes=notes, metrics=metrics,
                           memory_meaning="mem_max_gib = torch max allocated (all ranks)")
     err = report.primary_error(parsed.get("errors", []))
-    notes["error"] = (err or {}).get("message", "no result line")[:300]
+    notes["error"] = (f"timed out after {timed_out_s:g} s" if timed_out_s and not err
+                      else (err or {}).get("message", "no result line")[:300])
     result = "oom" if (err or {}).get("category") == "oom" else "error"
     return replay_row(w, s, result=result, source=source, notes=notes)
 
@@ -141,14 +158,9 @@ def main() -> int:
             shown = " ".join(["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m",
                               "optico.launchers.megatron.bench", "--spec-json", f"<{s.short()}>"])
             t0 = time.time()
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
-                text = proc.stdout + proc.stderr
-            except subprocess.TimeoutExpired as exc:
-                text = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            text, timed_out = asyncio.run(run_whole(cmd, Path(tmp) / f"run{i}", args.timeout))
             parsed = report.parse_output(text)
-            r = row(w, s, parsed, shown)
+            r = row(w, s, parsed, shown, timed_out_s=args.timeout if timed_out else None)
             rows.append(r)
             writer.writerow(r)  # row by row: an interrupted sweep keeps what it measured
             f.flush()

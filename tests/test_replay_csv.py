@@ -527,3 +527,40 @@ def test_every_knob_survives_a_written_row(tmp_path: Path) -> None:
         assert row.strategy is not None, row.skip_reason
         assert row.strategy.signature() == s.signature(), (s.short(), row.strategy.short())
         assert row.workload.model_dump(exclude={"cluster"}) == w.model_dump(exclude={"cluster"})
+
+
+def test_gpu_sweep_kills_a_timed_out_run_with_its_workers(tmp_path: Path) -> None:
+    """A timed-out configuration must leave no process behind: torchrun starts its workers in
+    sessions of their own, and a worker left running held 67 GiB of the H100 and made the next
+    configuration of a real sweep run out of memory (docs/benchmarks.md, the Qwen2.5-1.5B sweep)."""
+    import asyncio
+    import os
+    import sys
+    import time
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gpu_sweep
+
+    pid_file = tmp_path / "worker.pid"
+    launcher = ("import subprocess, sys, time\n"  # like torchrun: the worker in a session of its own
+                "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+                f"open({str(pid_file)!r}, 'w').write(str(w.pid))\n"
+                "print('started', flush=True)\n"
+                "time.sleep(120)\n")
+    t0 = time.monotonic()
+    text, timed_out = asyncio.run(gpu_sweep.run_whole([sys.executable, "-c", launcher], tmp_path / "run", 3.0))
+    assert timed_out and "started" in text
+    assert time.monotonic() - t0 < 60
+    worker = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{worker}/stat", "rb") as fh:  # a zombie is dead too
+            if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the worker of the timed-out run is still alive")
