@@ -43,3 +43,15 @@ def test_example_reaches_the_expert_baseline(example: str, tmp_path: Path):
         total += len(result["trials"])
     assert statistics.median(reached) <= 10, reached
     assert failed / total <= 0.20, (failed, total)
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_every_shipped_example_loads_and_has_a_configuration_to_try(example: str):
+    """A user's first command is `optico tune examples/<one of these>`: each must load, name a
+    search space with at least one valid configuration, and be predictable by the model."""
+    from optico.candidates import valid_strategies
+
+    spec = load_spec(EXAMPLES / example)
+    first = next(iter(valid_strategies(spec.search_space, spec.workload)), None)
+    assert first is not None, f"{example}: no valid configuration in its search space"
+    assert predict(spec.workload, first).step_time_s > 0
