@@ -10,15 +10,15 @@ attention, communication, memory-bound and idle shares of the step.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_sweep import LLAMA_1B, gpu_key  # noqa: E402
+from gpu_sweep import LLAMA_1B, gpu_key, run_whole  # noqa: E402
 
 from optico.launchers.megatron.bench import torchrun_command, write_spec  # noqa: E402
 from optico.strategy import strategy_from_mapping  # noqa: E402
@@ -41,10 +41,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         spec = write_spec(Path(tmp) / "spec.json", w, s, warmup=2, max_steps=6, min_steps=3)
         env = {**os.environ, "OPTICO_BENCH_PROFILE": str(Path(args.out).resolve()), "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.run(torchrun_command(spec, 1), env=env, capture_output=True, text=True, timeout=300)
-    print("\n".join(line for line in (proc.stdout + proc.stderr).splitlines()
+        text, timed_out, code = asyncio.run(run_whole(torchrun_command(spec, 1), Path(tmp) / "run", 300, env))
+    print("\n".join(line for line in text.splitlines()
                     if line.startswith(("OPTICO_RESULT", "OPTICO_ERROR")) or "Error" in line)[-6000:])
-    return proc.returncode
+    if timed_out:
+        print("timed out after 300 s: the run and its workers were killed")
+        return 1
+    return code or 0
 
 
 if __name__ == "__main__":

@@ -80,17 +80,19 @@ def parse_config(text: str, fixed: dict) -> Strategy:
     return strategy_from_mapping({**fixed, **{k.strip(): load_yaml(v) for k, v in pairs.items()}})
 
 
-async def run_whole(cmd: list[str], run_dir: Path, timeout_s: float) -> tuple[str, bool]:
-    """Run one torchrun tree; on timeout kill all of it, workers included, so that the next
-    configuration starts on an empty GPU. Returns (stdout + stderr, timed out)."""
-    run = ProcessRun(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=str(REPO), run_dir=run_dir,
+async def run_whole(cmd: list[str], run_dir: Path, timeout_s: float,
+                    env: dict[str, str] | None = None) -> tuple[str, bool, int | None]:
+    """Run one torchrun tree; on timeout kill all of it, workers included (torchrun starts them in
+    sessions of their own), so that the next run starts on an empty GPU.
+    Returns (stdout + stderr, timed out, exit status)."""
+    run = ProcessRun(cmd, env={**(env or os.environ), "PYTHONUNBUFFERED": "1"}, cwd=str(REPO), run_dir=run_dir,
                      token=uuid.uuid4().hex)
     await run.start()
     timed_out = await run.wait(timeout=timeout_s) is None
-    await run.kill(grace_s=5.0)  # also reaps a worker left behind by a torchrun that exited
+    code = await run.kill(grace_s=5.0)  # also reaps a worker left behind by a torchrun that exited
     text = "".join((run_dir / name).read_text(errors="replace") for name in ("stdout.log", "stderr.log")
                    if (run_dir / name).exists())
-    return text, timed_out
+    return text, timed_out, code
 
 
 def row(w: Workload, s: Strategy, parsed: dict, command: str, timed_out_s: float | None = None) -> dict:
@@ -158,7 +160,7 @@ def main() -> int:
             shown = " ".join(["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m",
                               "optico.launchers.megatron.bench", "--spec-json", f"<{s.short()}>"])
             t0 = time.time()
-            text, timed_out = asyncio.run(run_whole(cmd, Path(tmp) / f"run{i}", args.timeout))
+            text, timed_out, _ = asyncio.run(run_whole(cmd, Path(tmp) / f"run{i}", args.timeout))
             parsed = report.parse_output(text)
             r = row(w, s, parsed, shown, timed_out_s=args.timeout if timed_out else None)
             rows.append(r)

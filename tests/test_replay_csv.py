@@ -548,7 +548,7 @@ def test_gpu_sweep_kills_a_timed_out_run_with_its_workers(tmp_path: Path) -> Non
                 "print('started', flush=True)\n"
                 "time.sleep(120)\n")
     t0 = time.monotonic()
-    text, timed_out = asyncio.run(gpu_sweep.run_whole([sys.executable, "-c", launcher], tmp_path / "run", 3.0))
+    text, timed_out, _ = asyncio.run(gpu_sweep.run_whole([sys.executable, "-c", launcher], tmp_path / "run", 3.0))
     assert timed_out and "started" in text
     assert time.monotonic() - t0 < 60
     worker = int(pid_file.read_text())
