@@ -548,7 +548,7 @@ def test_gpu_sweep_kills_a_timed_out_run_with_its_workers(tmp_path: Path) -> Non
                 "print('started', flush=True)\n"
                 "time.sleep(120)\n")
     t0 = time.monotonic()
-    text, timed_out, _ = asyncio.run(gpu_sweep.run_whole([sys.executable, "-c", launcher], tmp_path / "run", 3.0))
+    text, timed_out, _ = asyncio.run(gpu_sweep.run_whole([sys.executable, "-c", launcher], tmp_path / "run", 5.0))
     assert timed_out and "started" in text
     assert time.monotonic() - t0 < 60
     worker = int(pid_file.read_text())
@@ -556,11 +556,11 @@ def test_gpu_sweep_kills_a_timed_out_run_with_its_workers(tmp_path: Path) -> Non
     while time.monotonic() < deadline:
         try:
             os.kill(worker, 0)
-        except ProcessLookupError:
+            with open(f"/proc/{worker}/stat", "rb") as fh:  # a zombie is dead too
+                if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break
+        except (ProcessLookupError, FileNotFoundError):
             break
-        with open(f"/proc/{worker}/stat", "rb") as fh:  # a zombie is dead too
-            if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                break
         time.sleep(0.1)
     else:
         raise AssertionError("the worker of the timed-out run is still alive")
