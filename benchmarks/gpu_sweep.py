@@ -85,14 +85,13 @@ async def run_whole(cmd: list[str], run_dir: Path, timeout_s: float,
     """Run one torchrun tree; on timeout kill all of it, workers included (torchrun starts them in
     sessions of their own), so that the next run starts on an empty GPU.
     Returns (stdout + stderr, timed out, exit status)."""
+    lines: list[str] = []
     run = ProcessRun(cmd, env={**(env or os.environ), "PYTHONUNBUFFERED": "1"}, cwd=str(REPO), run_dir=run_dir,
-                     token=uuid.uuid4().hex)
+                     token=uuid.uuid4().hex, sink=lambda _stream, line: lines.append(line))
     await run.start()
     timed_out = await run.wait(timeout=timeout_s) is None
     code = await run.kill(grace_s=5.0)  # also reaps a worker left behind by a torchrun that exited
-    text = "".join((run_dir / name).read_text(errors="replace") for name in ("stdout.log", "stderr.log")
-                   if (run_dir / name).exists())
-    return text, timed_out, code
+    return "\n".join(lines), timed_out, code
 
 
 def row(w: Workload, s: Strategy, parsed: dict, command: str, timed_out_s: float | None = None) -> dict:
