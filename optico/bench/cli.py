@@ -15,7 +15,7 @@ from optico.errors import SpecError, first_line
 from optico.terminal import check_output_path, err, fail
 from optico.textsafe import markup, terminal_text
 
-console = Console()
+console = Console(emoji=False)  # ":x:" in a file name is text, not an emoji
 
 
 def bench(
@@ -139,6 +139,11 @@ def _check_installed() -> None:
 
 # Effect sizes of --sweep are log step-time std devs: 0.2 is already far beyond the model's error.
 MAX_EFFECT_SIZE = 1.0
+# Bounds on the run's size: every worker process starts up front (a --jobs of 100,000 is a fork
+# bomb), and a run of a billion seeds never ends. `optico tune --max-trials` has the same cap.
+MAX_JOBS = 64
+MAX_SEEDS = 10_000
+MAX_BUDGET = 10_000
 
 
 def _checked_input(*, suite: str, files: list[Path], tuners: str, budget: int, seeds: int,
@@ -152,9 +157,10 @@ def _checked_input(*, suite: str, files: list[Path], tuners: str, budget: int, s
     from optico.perfmodel.constants import load_constants
     from optico.spec import ReasonerSpec
 
-    for option, value in (("--budget", budget), ("--seeds", seeds), ("--jobs", jobs)):
-        if value < 1:
-            fail(SpecError(option, f"{value} is not allowed; give at least 1"))
+    for option, value, most in (("--budget", budget, MAX_BUDGET), ("--seeds", seeds, MAX_SEEDS),
+                                ("--jobs", jobs, MAX_JOBS)):
+        if not 1 <= value <= most:
+            fail(SpecError(option, f"{value} is not allowed; give 1 to {most:,}"))
     names = [t.strip() for t in tuners.split(",") if t.strip()]
     if not names:
         fail(SpecError("--tuners", "no tuner named; give a comma-separated list, e.g. optico,model-greedy"))

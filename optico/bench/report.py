@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from optico.bench.summary import goals
+from optico.textsafe import terminal_text
 
 GROUP_TITLES = {
     "independent": "Independent: llm-analysis landscapes (a third-party simulator)",
@@ -15,6 +16,11 @@ GROUP_TITLES = {
     "real": "Real: measured tables, replayed (OptiCo calibrated without them)",
     "self": "Sanity check only: landscapes drawn from OptiCo's own performance model",
 }
+
+
+def _cell(text: str) -> str:
+    """A name or reason (from a CSV cell, a file name, an exception) as one Markdown table cell."""
+    return terminal_text(text, one_line=True, max_chars=500).replace("|", "\\|")
 
 
 def _pct(x: float | None, digits: int = 1) -> str:
@@ -60,6 +66,12 @@ def group_table(doc: dict[str, Any], group: str) -> list[str]:
     if g["strongest"] and g["strongest"] in pairs:
         lines += ["", f"OptiCo − {g['strongest']} (paired by landscape and seed): best @10 "
                       f"{_diff(pairs[g['strongest']]['best_at_10'])}; AUC {_diff(pairs[g['strongest']]['auc'])}."]
+    c = g.get("ceiling")
+    if c:
+        lines += ["", f"Clairvoyant ceiling (every effect known but each configuration's own; expected over fresh "
+                      f"draws of those, on {c['landscapes']} of {c['of']} landscapes): best @10 "
+                      f"{_pct(c['best_at_10'])}, @{budget} {_pct(c.get(f'best_at_{budget}'))}; →98 % by 10 "
+                      f"{_pct(c['reached_98_at_10'], 0)} %, by {budget} {_pct(c.get(f'reached_98_at_{budget}'), 0)} %."]
     return lines
 
 
@@ -68,11 +80,12 @@ def sweep_table(doc: dict[str, Any]) -> list[str]:
     if not sweeps:
         return []
     others = sorted({o for g in sweeps for o in doc["groups"][g]["paired"].get("optico", {})})
-    lines = ["| effect size | OptiCo best @10 | " + " | ".join(f"− {o}" for o in others) + " |",
-             "|---:|---:|" + "---:|" * len(others)]
+    lines = ["| effect size | ceiling @10 | OptiCo best @10 | " + " | ".join(f"− {o}" for o in others) + " |",
+             "|---:|---:|---:|" + "---:|" * len(others)]
     for g in sweeps:
         grp = doc["groups"][g]
-        row = [g.split()[-1], _ci(grp["tuners"]["optico"]["best_at"]["10"]) if "optico" in grp["tuners"] else "–"]
+        row = [g.split()[-1], _pct((grp.get("ceiling") or {}).get("best_at_10")),
+               _ci(grp["tuners"]["optico"]["best_at"]["10"]) if "optico" in grp["tuners"] else "–"]
         for o in others:
             d = grp["paired"].get("optico", {}).get(o)
             row.append("–" if d is None else f"{100 * d['best_at_10']['mean']:+.1f} "
@@ -111,19 +124,21 @@ def markdown(doc: dict[str, Any]) -> str:
                          + (f" ({g['detail']})" if g.get("detail") else ""))
         lines.append("")
     names = [n for n in meta["tuners"] if n != "expert"]
-    head = (["landscape", "group", "configs", "optimum MFU", "model ρ", "model pick", "≥98 % (model rank)"]
-            + [f"{n} @10" for n in names])
+    head = (["landscape", "group", "configs", "optimum MFU", "model ρ", "model pick", "≥98 % (model rank)",
+             "ceiling @10"] + [f"{n} @10" for n in names])
     lines += ["Per landscape: mean best @10 (% of optimum).", "",
               "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for e in doc["landscapes"]:
         a = e["landscape"].get("model_agreement") or {}
         rho = a.get("spearman")
-        row = [e["name"], e["group"], str(e["landscape"]["configurations"]), _pct(e["optimum_mfu"]),
-               "–" if rho is None else f"{rho:.2f}", _pct(a.get("model_pick")), _near_optimal(a)]
+        row = [_cell(e["name"]), e["group"], str(e["landscape"]["configurations"]), _pct(e["optimum_mfu"]),
+               "–" if rho is None else f"{rho:.2f}", _pct(a.get("model_pick")), _near_optimal(a),
+               _pct((e["landscape"].get("ceiling") or {}).get("best_at_10"))]
         row += [_pct(e["tuners"][n]["best_at_10"]) if n in e["tuners"] else "–" for n in names]
         lines.append("| " + " | ".join(row) + " |")
     if doc.get("skipped"):
-        lines += ["", "Refused or skipped: " + "; ".join(f"{s['name']} ({s['reason']})" for s in doc["skipped"])]
+        lines += ["", "Refused or skipped: " + "; ".join(f"{_cell(s['name'])} ({_cell(s['reason'])})"
+                                                    for s in doc["skipped"])]
     return "\n".join(lines) + "\n"
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from optico.bench import separation
+from optico.bench.ceiling import clairvoyant_ceiling
 from optico.bench.landscapes import (
     MIN_REPLAY_CONFIGS,
     PACKAGED_REPLAY,
@@ -143,7 +144,7 @@ def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
         return []
     if not found:
         reason = (f"{path} has no workload with enough measured configurations (at least {MIN_REPLAY_CONFIGS} "
-                  f"usable rows of one workload)")
+                  f"usable rows of one workload, one of them a run that finished)")
         if strict:
             raise SpecError(OPTION, reason)
         print(terminal_text(f"warning: {OPTION}: {reason}; skipped", one_line=True), file=sys.stderr)
@@ -166,6 +167,7 @@ def run_landscape(defn: LandscapeDef, tuners: Sequence[str], budget: int, seeds:
     summary = landscape.summary()
     if fidelity:
         summary["model_agreement"] = model_agreement(landscape)
+        summary["ceiling"] = clairvoyant_ceiling(landscape, sorted({10, budget}))
     runs: dict[str, list[dict[str, Any]]] = {}
     names = list(tuners) + (["expert"] if landscape.expert is not None and "expert" not in tuners else [])
     for name in names:

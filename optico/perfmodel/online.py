@@ -129,6 +129,7 @@ class JobModel:
         self._measured_strategies: dict[str, Strategy] = {}
         self._largest_measured_gib = 0.0  # the model's memory for the largest configuration measured
         self._now: dict[str, Belief] = {}  # signature -> belief under the current fit
+        self._pool_now: np.ndarray | None = None  # the pool's beliefs under the current fit, a row each
         self.fit_id = 0  # changes with every fit: what a caller may cache answers against
         self._observed: tuple | None = None  # what the current fit was made from
         self._pool_index: dict[str, int] = {}
@@ -148,7 +149,7 @@ class JobModel:
             varying = np.flatnonzero((self._pool_matrix != self._pool_matrix[0]).any(axis=0))
             self._columns = varying if len(varying) else np.arange(len(FIELDS))
         self._gp, self._mem_gp = self._residual_models(len(self._columns))
-        self._now, self._observed = {}, None
+        self._now, self._pool_now, self._observed = {}, None, None
         self.fit_id += 1
 
     def _residual_models(self, n_fields: int) -> tuple[ResidualGP, ResidualGP]:
@@ -212,7 +213,7 @@ class JobModel:
                                                      for sig in mfu}))
         self._mem_gp.fit(*self._points(strategies, mem), self._memory_features([strategies[sig] for sig in mem]))
         self._largest_measured_gib = largest
-        self._now, self._observed = {}, observed
+        self._now, self._pool_now, self._observed = {}, None, observed
         self.fit_id += 1
 
     def _points(self, strategies: dict[str, Strategy], values: dict[str, list[float]]
@@ -256,15 +257,16 @@ class JobModel:
         found = self._now.get(sig)
         if found is not None:
             return found
-        if sig in self._pool_index:  # not answered since the last fit
-            if self._pool_base is None:  # the model's own predictions: the same for the whole job
-                bases = [self.base(p) for p in self._pool]
-                self._pool_base = (np.array([b.mfu for b in bases]), np.array([b.mem_gib for b in bases]),
-                                   self._memory_features(self._pool))
-            arrays = self._beliefs(self._pool_matrix[:, self._columns], *self._pool_base)
-            rows = [Belief._make(row) for row in zip(*(a.tolist() for a in arrays))]
-            self._now.update((key, rows[i]) for key, i in self._pool_index.items())
-            return self._now[sig]
+        i = self._pool_index.get(sig)
+        if i is not None:
+            if self._pool_now is None:  # not answered since the last fit
+                if self._pool_base is None:  # the model's own predictions: the same for the whole job
+                    bases = [self.base(p) for p in self._pool]
+                    self._pool_base = (np.array([b.mfu for b in bases]), np.array([b.mem_gib for b in bases]),
+                                       self._memory_features(self._pool))
+                self._pool_now = np.column_stack(self._beliefs(self._pool_matrix[:, self._columns], *self._pool_base))
+            found = self._now[sig] = Belief._make(self._pool_now[i].tolist())
+            return found
         base = self.base(s)
         arrays = self._beliefs(self._vector(s)[None, self._columns], np.array([base.mfu]), np.array([base.mem_gib]),
                                self._memory_features([s]))

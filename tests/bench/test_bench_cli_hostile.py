@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from optico.bench.landscapes import MIN_PLAUSIBLE_MFU, model_agreement, replay_defs
-from optico.bench.suite import select_landscapes
+from optico.bench.report import markdown
+from optico.bench.suite import run_benchmark, select_landscapes
 from optico.errors import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -157,6 +158,9 @@ def test_only_selecting_nothing_names_only(tmp_path: Path):
     (["--jobs", "-3"], "--jobs", "-3"),
     (["--seeds", "0"], "--seeds", "0"),
     (["--budget", "0"], "--budget", "0"),
+    (["--jobs", "100000"], "--jobs", "100000 is not allowed; give 1 to 64"),  # every worker forks up front
+    (["--seeds", "1000000000"], "--seeds", "1000000000"),
+    (["--budget", "10001"], "--budget", "10001"),
     (["--suite", "x\x1b[31m"], "--suite", "\\x1b"),
     (["--reasoner", "nope"], "--reasoner", ""),
 ])
@@ -222,6 +226,34 @@ def test_a_file_name_with_escapes_gives_an_escaped_landscape_name(tmp_path: Path
     assert defs[0].name.startswith("replay:t\\x1b[31m\\nx:")
 
 
+def test_a_model_name_with_a_newline_and_a_pipe_stays_one_table_cell(tmp_path: Path):
+    # A model that is no preset keeps the CSV's name (the packaged table's Llama3-8B would become the preset's).
+    with (REPO / "benchmarks" / "data" / "h100-qwen2.5-1.5b.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for row in rows:
+        row["model"] = "qwen\nerror: injected | x"
+    path = tmp_path / "t.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (defn,) = replay_defs(path)
+    assert "\n" not in defn.name and "error: injected" in defn.name
+    doc = run_benchmark([defn], ("model-greedy",), budget=3, seeds=1, jobs=1, fidelity=False)
+    (line,) = [text for text in markdown(doc).splitlines() if "injected" in text]
+    assert line.startswith("| replay:t:qwen\\nerror: injected \\| x")
+
+
+def test_a_table_where_nothing_ran_is_refused_before_anything_runs(tmp_path: Path):
+    def all_oom(rows: list[dict[str, str]]) -> None:
+        for row in rows:
+            row.update(result="oom", tflops_per_gpu="", mfu="", step_time_s="", tokens_per_s_per_gpu="")
+
+    path = write_table(tmp_path / "alloom.csv", all_oom)
+    assert_refused(bench(tmp_path, "--landscape", str(path), "--quick", "--suite", "real", "--tuners", "optico",
+                         "--seeds", "1"), "--landscape", "alloom.csv", "a run that finished")
+
+
 def test_a_file_name_whose_calibration_name_is_too_long_reads(tmp_path: Path):
     # "without-<stem>.json" is past the name limit although the CSV's own name is not.
     defs = replay_defs(write_table(tmp_path / f"{'b' * 245}.csv"))
@@ -264,3 +296,9 @@ def test_missing_benchmark_packages_are_named_before_anything_runs(tmp_path: Pat
     proc = bench(tmp_path, "--quick", env={"PYTHONPATH": os.pathsep.join([str(site), str(REPO)])})
     line = assert_refused(proc, "optico bench needs optuna, torch")
     assert "make install-bench" in line and "optico[bench]" in line
+
+
+def test_emoji_codes_in_a_file_name_are_text(tmp_path: Path):
+    """Rich turns ":ok:" into an emoji unless told not to; a file name is the user's text."""
+    line = assert_refused(bench(tmp_path, "--landscape", ":ok:.csv", "--quick", "--seeds", "1"), "--landscape")
+    assert ":ok:" in line and "\N{SQUARED OK}" not in line
