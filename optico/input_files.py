@@ -78,7 +78,7 @@ def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") 
     workload, none inside the search space, or a measurement impossible on the declared GPU
     (MFU above 100 % of its peak, peak memory above its capacity, a time or rate that is not
     positive). Errors name the file and, for a row, its line."""
-    from optico.replay_csv import COLUMNS, MAX_CSV_BYTES, MAX_CSV_ROWS, matches, measured_mfu, read_replay_csv
+    from optico.replay_csv import COLUMNS, IMPOSSIBLE, MAX_CSV_BYTES, MAX_CSV_ROWS, matches, read_replay_csv
 
     text = read_text(path, field, "replay CSV", MAX_CSV_BYTES)
     try:
@@ -99,24 +99,16 @@ def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") 
     except (ValueError, csv.Error, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SpecError(field, reason.replace(str(path), path.name)) from None
+    # A row of this workload whose numbers no GPU produces is a mistake in the table, not a row to skip.
+    impossible = next((r for r in rows if (r.skip_reason or "").startswith(IMPOSSIBLE) and r.workload is not None
+                       and matches(r, workload)), None)
+    if impossible is not None:
+        raise SpecError(field, f"{impossible.where}: {(impossible.skip_reason or '').removeprefix(IMPOSSIBLE + ': ')}")
     measuring = [r for r in rows if r.usable and matches(r, workload)]
     if not measuring:
         usable = sum(r.usable for r in rows)
         raise SpecError(field, f"{path.name}: none of its {len(rows)} rows ({usable} usable) measures this "
                                f"workload ({workload.describe()})")
-    for row in measuring:
-        _check_possible(row, measured_mfu(row), workload, field)
     if not any(space.contains(r.strategy) for r in measuring):
         raise SpecError(field, f"{path.name}: none of the {len(measuring)} configurations it measures for this "
                                f"workload lies inside the search space")
-
-
-def _check_possible(row, mfu: float | None, workload, field: str) -> None:
-    from optico.plausible import measurement_problem
-
-    problem = measurement_problem(
-        workload, mfu=mfu if row.result == "ok" else None, mem_max_gib=row.mem_max_gib,
-        step_time_s=row.step_time_s, tokens_per_s_per_gpu=row.tokens_per_s_per_gpu,
-        tflops_per_gpu=row.tflops_per_gpu, mfu_column=row.mfu)
-    if problem:
-        raise SpecError(field, f"{row.where}: {problem}")

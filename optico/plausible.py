@@ -28,9 +28,14 @@ def measurement_problem(workload: Workload, *, mfu: float | None = None, mem_max
         if value is not None and (not math.isfinite(value) or value <= 0):
             return f"{name} {value:g} is not a positive number"
     gpu = workload.cluster.spec
-    if mfu is not None and mfu > 1.0:
-        return (f"a measured MFU of {mfu:.1%} is impossible: more than the {gpu.name}'s peak of "
-                f"{workload.peak_tflops:g} TFLOP/s ({workload.precision})")
+    # The MFU the row's time gives, and the MFU and TFLOP/s it states: none may pass the peak.
+    stated_tflops = positive.get("tflops_per_gpu")
+    for what, share in (("measured MFU", mfu), ("stated MFU", positive.get("mfu_column")),
+                        ("stated throughput", stated_tflops / workload.peak_tflops if stated_tflops else None)):
+        if share is not None and share > 1.0:
+            shown = f"{share:.1%}" if share < 1e6 else f"{share:.3g}x the peak"
+            return (f"a {what} of {shown} is impossible: more than the {gpu.name}'s peak of "
+                    f"{workload.peak_tflops:g} TFLOP/s ({workload.precision})")
     if mem_max_gib is not None:
         if not math.isfinite(mem_max_gib) or mem_max_gib < 0:
             return f"mem_max_gib {mem_max_gib:g} is not a measurement"

@@ -637,9 +637,25 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
         p.problems.append(f"inconsistent architecture or layout: {_first_error(err)}")
     if workload is not None and strategy is not None and not p.problems:
         p.problems += _layout_problems(workload, strategy, ints["dp"], p)
-    return ReplayRow(file=file, line=line, model_name=name, source=source, notes=notes, workload=workload,
-                     strategy=strategy, result=result, counts_recompute=counts_recompute_flops(source, notes),
-                     skip_reason="; ".join(p.problems) or None, unknown=p.unknown, inferred=p.inferred, **measured)
+    row = ReplayRow(file=file, line=line, model_name=name, source=source, notes=notes, workload=workload,
+                    strategy=strategy, result=result, counts_recompute=counts_recompute_flops(source, notes),
+                    skip_reason="; ".join(p.problems) or None, unknown=p.unknown, inferred=p.inferred, **measured)
+    problem = impossible_measurement(row) if row.usable else None
+    return row.model_copy(update={"skip_reason": f"{IMPOSSIBLE}: {problem}"}) if problem else row
+
+
+IMPOSSIBLE = "impossible measurement"
+
+
+def impossible_measurement(row: ReplayRow) -> str | None:
+    """Why a complete row's numbers cannot have been measured on its GPU (`optico.plausible`), or None:
+    such a row is no data point for a replay, a fit or a score (the reader skips it)."""
+    from optico.plausible import measurement_problem
+
+    assert row.workload is not None
+    return measurement_problem(
+        row.workload, mfu=measured_mfu(row), mem_max_gib=row.mem_max_gib, step_time_s=row.step_time_s,
+        tokens_per_s_per_gpu=row.tokens_per_s_per_gpu, tflops_per_gpu=row.tflops_per_gpu, mfu_column=row.mfu)
 
 
 def _first_error(err: Exception) -> str:

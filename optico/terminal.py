@@ -17,7 +17,7 @@ from rich.console import Console
 from optico.errors import SpecError
 from optico.textsafe import markup
 
-err = Console(stderr=True)
+err = Console(stderr=True, emoji=False)  # ":ok:" in a file name is text, not an emoji
 
 
 def fail(message: str | SpecError, code: int = 2) -> NoReturn:

@@ -11,6 +11,7 @@ import pytest
 from optico.perfmodel.flops import flops_per_iteration
 from optico.replay_csv import (
     COLUMNS,
+    IMPOSSIBLE,
     ReplayDefaults,
     ReplayError,
     ReplayRow,
@@ -373,13 +374,13 @@ def test_matches(tmp_path: Path) -> None:
     (dict(recompute="Selective (core_attn)"), lambda r: r.strategy.recompute == "selective"),
     (dict(recompute="block 4"), lambda r: (r.strategy.recompute_method, r.strategy.recompute_num_layers)
      == ("block", 4)),
-    (dict(gpu="A800-80GB"), lambda r: r.workload.cluster.gpu == "a800-80gb"),
+    (dict(gpu="A800-80GB", step_time_s="30"), lambda r: r.workload.cluster.gpu == "a800-80gb"),  # 72 % MFU
     (dict(gpu="H100-SXM-80GB"), lambda r: r.workload.cluster.gpu == "h100-sxm"),
     (dict(gpu="H800-80GB"), lambda r: r.workload.cluster.gpu == "h800-sxm"),
     (dict(sequence_parallel="yes"), lambda r: r.strategy.sequence_parallel),
     (dict(step_time_s="", mfu="45 %"), lambda r: r.mfu == pytest.approx(0.45)),
     (dict(step_time_s="", mfu="45"), lambda r: r.mfu == pytest.approx(0.45)),
-    (dict(step_time_s="850 ms"), lambda r: r.step_time_s == pytest.approx(0.85)),
+    (dict(step_time_s="8500 ms"), lambda r: r.step_time_s == pytest.approx(8.5)),
     (dict(tokens_per_s_per_gpu="3.9k"), lambda r: r.tokens_per_s_per_gpu == pytest.approx(3900)),
     (dict(result="", step_time_s="10"), lambda r: r.result == "ok" and r.read),
     (dict(mbs="n/a"), lambda r: r.read and r.unknown["mbs"] == [1, 2, 4]),
@@ -396,12 +397,12 @@ def test_headers_as_sources_write_them(tmp_path: Path) -> None:
     path = tmp_path / "h.csv"
     path.write_text("Model,Layers,Hidden,Heads,KV Heads,FFN,Vocab,Seq Len,GPU Type,GPUs,TP,PP,Micro Batch Size,"
                     "Global Batch Size,Status,MFU (%),Step Time (ms)\n"
-                    "Llama3-8B,32,4096,32,8,14336,128256,8192,A800-80GB,8,2,1,1,128,success,45,9800\n")
+                    "Llama3-8B,32,4096,32,8,14336,128256,8192,A800-80GB,8,2,1,1,128,success,45,30000\n")
     rows, report = read_replay_file(path)
     row = rows[0]
     assert row.usable, row.skip_reason
     assert row.workload.model.name == "llama3-8b" and row.workload.cluster.gpu == "a800-80gb"
-    assert row.mfu == pytest.approx(0.45) and row.step_time_s == pytest.approx(9.8)
+    assert row.mfu == pytest.approx(0.45) and row.step_time_s == pytest.approx(30.0)
     assert report.renamed_columns["Micro Batch Size"] == "mbs" and report.renamed_columns["MFU (%)"] == "mfu"
 
 
@@ -413,7 +414,7 @@ def test_presets_by_name_and_notes(tmp_path: Path) -> None:
     assert nh.strategy.mbs == 1 and any("mbs = gbs / (DP·GA)" in x for x in nh.inferred)
     grok = one(tmp_path, model="Grok1 314b BF16", num_layers="", hidden_size="", num_attention_heads="",
                num_query_groups="", ffn_hidden_size="", vocab_size="", tp="4", pp="8", ep="4", num_gpus="128",
-               gbs="1024", notes="ETP=4; GA=8")
+               gbs="1024", notes="ETP=4; GA=8", step_time_s="200")
     assert grok.read and grok.strategy.etp == 4 and grok.workload.model.name == "grok-1"
 
 
@@ -564,3 +565,34 @@ def test_gpu_sweep_kills_a_timed_out_run_with_its_workers(tmp_path: Path) -> Non
         time.sleep(0.1)
     else:
         raise AssertionError("the worker of the timed-out run is still alive")
+
+
+# -- numbers no GPU measures ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("cells", [
+    dict(mem_max_gib="-1"), dict(mem_max_gib="500"),  # on an 80 GB H100
+    dict(mfu="1.5"), dict(tflops_per_gpu="2000"),  # stated beside a step time that is possible
+    dict(step_time_s="0.5"),  # the MFU the step time gives: far past the peak
+])
+def test_an_impossible_measurement_is_a_skipped_row_naming_why(tmp_path: Path, cells: dict[str, str]) -> None:
+    row = one(tmp_path, **cells)
+    assert not row.usable and row.skip_reason.startswith(IMPOSSIBLE + ": "), row.skip_reason
+    assert one(tmp_path).usable  # the same row without the edit is a measurement
+
+
+def test_the_model_s_fit_and_score_leave_impossible_rows_out(tmp_path: Path) -> None:
+    """`perfmodel evaluate` scored a negative peak memory (an MdAPE below zero) and `calibrate` died on
+    its logarithm; both now skip the row, and --strict refuses it naming file:line."""
+    import subprocess
+
+    from tests.conftest import optico_cmd
+
+    path = write_csv(tmp_path / "t.csv", {**LLAMA3_8B, "mem_max_gib": "-1"},
+                     {**LLAMA3_8B, "tp": "4", "mem_max_gib": "30"})
+    strict = subprocess.run(optico_cmd("perfmodel", "evaluate", "--data", str(path), "--strict"),
+                            capture_output=True, text=True, timeout=120)
+    assert strict.returncode == 2 and "t.csv:2" in strict.stderr and "mem_max_gib -1" in strict.stderr, strict.stderr
+    assert "Traceback" not in strict.stderr and len(strict.stderr.strip().splitlines()) == 1
+    fit = subprocess.run(optico_cmd("perfmodel", "calibrate", "--data", str(path), "--out", str(tmp_path / "c.json"),
+                                    "--max-evals", "2"), capture_output=True, text=True, timeout=300)
+    assert "math domain error" not in fit.stderr and "Traceback" not in fit.stderr, fit.stderr

@@ -17,7 +17,7 @@ from optico.errors import SpecError
 from optico.pool.models import SQL_INT_MAX
 from optico.terminal import check_output_path, err, fail  # noqa: F401 - every command imports them from here
 
-console = Console()
+console = Console(emoji=False)  # ":x:" in a file name is text, not an emoji
 
 # Click options take one value each; the files after the first come in as arguments, so both
 # `--data a.csv b.csv` (a shell glob) and `--data a.csv --data b.csv` work.
@@ -40,7 +40,8 @@ def check_id(value: int | None, option: str) -> None:
 
 def check_database_url(url: str, option: str = "--database") -> None:
     """Fails, naming `option`, on a URL the pool cannot use, before anything is created:
-    not a URL, an unsupported backend, a missing driver, a SQLite path that is not a database."""
+    not a URL, an unsupported backend, a missing driver, a SQLite path that is not a database, a
+    SQLite database in memory."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
@@ -56,8 +57,12 @@ def check_database_url(url: str, option: str = "--database") -> None:
         if importlib.util.find_spec("psycopg") is None:
             fail(SpecError(option, "PostgreSQL needs the psycopg driver: pip install 'optico[postgres]'"))
         return
-    if parsed.database in (None, "", ":memory:"):
-        return
+    # In memory (no path, ":memory:", SQLite's URI "mode=memory"): each connection of the command, its
+    # job runner and checkpointer would see its own empty database, gone when the command ends.
+    if parsed.database in (None, "", ":memory:") or parsed.query.get("mode") == "memory" \
+            or "mode=memory" in (parsed.database or ""):
+        fail(SpecError(option, "an in-memory SQLite database cannot hold a pool; give a file, "
+                               "sqlite:///PATH, or postgresql://USER@HOST/DB"))
     path = Path(parsed.database).expanduser()
     try:
         exists = path.exists()

@@ -53,7 +53,7 @@ def check(as_json: bool = typer.Option(False, "--json", help="Print the report a
     from optico.llm.client import ChatClient, EndpointError
     from optico.llm.settings import load_settings
 
-    out, err = Console(), Console(stderr=True)
+    out, err = Console(emoji=False), Console(stderr=True, emoji=False)
     try:
         client = ChatClient(load_settings())
     except ValueError as exc:

@@ -259,6 +259,12 @@ FILE_CASES = [
     Case("replay CSV at 400000% MFU", REPLAY, "launcher.data", {"runs.csv": csv_with({"mfu": "4000"})}),
     Case("replay CSV at 500 GiB on an 80 GB GPU", REPLAY, "launcher.data",
          {"runs.csv": csv_with({"mem_max_gib": "500"})}),
+    # The MFU comes from the step time when there is one; a stated MFU or TFLOP/s past the peak is still
+    # no measurement.
+    Case("replay CSV stating 150 % MFU beside a step time", REPLAY, "launcher.data",
+         {"runs.csv": csv_with({"mfu": "1.5", "step_time_s": "60"})}),
+    Case("replay CSV stating 1e300 TFLOP/s", REPLAY, "launcher.data",
+         {"runs.csv": csv_with({"tflops_per_gpu": "1e300", "step_time_s": "60"})}),
     Case("replay CSV with a negative TFLOP/s", REPLAY, "launcher.data",
          {"runs.csv": csv_with({"tflops_per_gpu": "-5", "mfu": ""})}),
     Case("replay CSV with only a header", REPLAY, "launcher.data", {"runs.csv": PAPER_CSV.split("\n")[0].encode()}),

@@ -37,6 +37,11 @@ ARGS = [
     ("sqlite file that is not a database", lambda s, t: ["tune", s, "--database", f"sqlite:///{_not_a_db(t)}"],
      "--database"),
     ("sqlite path is a directory", lambda s, t: ["tune", s, "--database", f"sqlite:///{t}"], "--database"),
+    # In memory: each connection (the command's, the job runner's) would see its own empty database.
+    ("sqlite in memory", lambda s, t: ["tune", s, "--database", "sqlite://"], "--database"),
+    ("sqlite in memory, URI form", lambda s, t: ["tune", s, "--database", "sqlite:///file:x?mode=memory&uri=true"],
+     "--database"),
+    ("token list in memory", lambda s, t: ["token", "list", "--database", "sqlite:///:memory:"], "--database"),
     ("postgres server not there", lambda s, t: ["tune", s, "--database", "postgresql://u:s3cret@127.0.0.1:1/x"],
      "--database"),
     ("--json under a file", lambda s, t: ["tune", s, "--json", "/etc/hostname/result.json"], "--json"),
