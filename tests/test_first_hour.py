@@ -93,6 +93,7 @@ def test_jobs_show_filters(first_run):
     assert "iteration 2 ·" in iteration and "iteration 3 ·" not in iteration
     assert first_run.unknown_agent.code == 2
     assert first_run.unknown_agent.stderr.startswith("error: --agent: no messages from 'oracle'")
+    assert first_run.unknown_agent.stdout == ""  # refused before the job is printed
 
 
 def test_a_job_whose_worker_died_says_so_and_how_to_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -99,16 +99,19 @@ def pool_url(database: str | None) -> tuple[str, str]:
     return database, option
 
 
-def open_store(database: str | None, *, job: int | None = None, job_option: str = "JOB_ID"):
+def open_store(database: str | None, *, job: int | None = None, job_option: str = "JOB_ID",
+               absent: str | None = None):
     """(the pool, its URL) — every failure to open it is a one-line error naming the option. With
-    `job` (a command about one job), a SQLite pool that does not exist yet is "no job N", and is not
-    created: a lookup that fails writes nothing."""
+    `job` (a command about one job) or `absent` (the error of a lookup of something else), a SQLite
+    pool that does not exist yet is that error, and is not created: a lookup that fails writes nothing."""
     from optico.pool.store import SqlStore
     from optico.redact import redact
 
     url, option = pool_url(database)
-    if job is not None and _missing_sqlite_file(url):
-        fail(SpecError(job_option, f"no job {job} in {shown_url(url)} (no pool there yet)"))
+    if (job is not None or absent is not None) and _missing_sqlite_file(url):
+        if job is not None:
+            fail(SpecError(job_option, f"no job {job} in {shown_url(url)} (no pool there yet)"))
+        fail(f"{absent} (no pool at {shown_url(url)} yet)")
     try:
         return SqlStore(url), url
     except Exception as exc:  # noqa: BLE001 - the driver's errors vary by backend; all mean "cannot open"

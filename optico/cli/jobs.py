@@ -116,8 +116,8 @@ def _compact(content: dict[str, Any], reasoning: bool) -> str:
     return "; ".join(parts)
 
 
-def _show_messages(store, job_id: int, *, iteration: int | None, agent: str | None, kind: str | None,
-                   full: bool, reasoning: bool) -> None:
+def _selected_messages(store, job_id: int, *, iteration: int | None, agent: str | None, kind: str | None) -> list:
+    """The job's messages the options select; an --agent or --kind the job has none of is refused."""
     messages = store.messages(job_id, iteration)
     if agent is not None or kind is not None:
         agents = sorted({m.agent for m in messages})
@@ -127,6 +127,10 @@ def _show_messages(store, job_id: int, *, iteration: int | None, agent: str | No
         if kind is not None and kind not in kinds:
             fail(f"--kind: no messages of kind {kind[:40]!r} in job {job_id}; kinds: {', '.join(kinds) or 'none'}")
         messages = [m for m in messages if (agent is None or m.agent == agent) and (kind is None or m.kind == kind)]
+    return messages
+
+
+def _show_messages(messages: list, *, full: bool, reasoning: bool) -> None:
     for msg in messages:
         title = f"iteration {msg.iteration} · {msg.agent} · {msg.kind}"
         content = dict(msg.content)
@@ -178,13 +182,16 @@ def jobs_show(job_id: int = typer.Argument(..., metavar="JOB_ID", show_default=F
     check_id(iteration, "--iteration")
     from optico.report import job_result
 
-    store, url = open_store(database)
+    store, url = open_store(database, job=job_id)
     with store:
         try:
             result = job_result(store, job_id)
             job = store.get_job(job_id)
         except KeyError:
             fail(f"JOB_ID: no job {job_id} in {shown_url(url)}")
+        shown = None  # checked before anything is printed: a refused filter prints nothing
+        if messages or full or iteration is not None or agent is not None or kind is not None:
+            shown = _selected_messages(store, job_id, iteration=iteration, agent=agent, kind=kind)
         console.print(Text.assemble(f"job {job_id}: ", rich_text(result["name"], one_line=True),
                                     f" — {result['workload']}"))
         console.print(Text(f"status: {status_label(job)}", style="yellow" if worker_gone(job) else ""))
@@ -197,9 +204,8 @@ def jobs_show(job_id: int = typer.Argument(..., metavar="JOB_ID", show_default=F
                 limit_gib=t.metrics.mem_limit_gib if t.metrics else None, why=t.rationale,
                 diagnosis=t.failure.summary if t.failure else None,
                 log_path=t.log_path if t.status.value != "ok" else None))
-        if messages or full or iteration is not None or agent is not None or kind is not None:
-            _show_messages(store, job_id, iteration=iteration, agent=agent, kind=kind, full=full,
-                           reasoning=reasoning)
+        if shown is not None:
+            _show_messages(shown, full=full, reasoning=reasoning)
         summary(result, console)
 
 

@@ -100,7 +100,7 @@ def schedule_show(name: str, history: int = typer.Option(20, "--history", min=0,
     """A schedule's incumbent and its history of ticks."""
     from optico.fingerprint import describe
 
-    store, _ = open_store(database)
+    store, _ = open_store(database, absent=f"schedule: no schedule named {name!r}")
     with store:
         try:
             s, ticks = store.schedule_with_history(name, history)
@@ -125,7 +125,7 @@ def schedule_show(name: str, history: int = typer.Option(20, "--history", min=0,
 @schedule_app.command("remove")
 def schedule_remove(name: str, database: Optional[str] = DatabaseOption) -> None:
     """Remove a schedule and its history (its jobs stay in the pool)."""
-    store, _ = open_store(database)
+    store, _ = open_store(database, absent=f"schedule: no schedule named {name!r}")
     with store:
         try:
             store.delete_schedule(name)

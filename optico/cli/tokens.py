@@ -9,6 +9,7 @@ from rich import box
 from rich.table import Table
 
 from optico.cli.common import DatabaseOption, console, err, fail, open_store
+from optico.pool.store import token_name_problem
 
 token_app = typer.Typer(no_args_is_help=True, help="API tokens of the REST service.")
 
@@ -20,6 +21,9 @@ def token_create(name: str = typer.Argument(..., help="A name to tell the token 
     """Mint a token and print it once: it cannot be shown again."""
     if scope not in ("read", "write"):
         fail(f"--scope: must be read or write, got {scope!r}")
+    problem = token_name_problem(name)
+    if problem:
+        fail(f"name: {problem}")  # before the pool is opened: a refused name creates nothing
     store, _ = open_store(database)
     with store:
         try:
@@ -49,7 +53,7 @@ def token_list(database: Optional[str] = DatabaseOption) -> None:
 @token_app.command("revoke")
 def token_revoke(name: str, database: Optional[str] = DatabaseOption) -> None:
     """Revoke a token: every request with it gets 401 from now on."""
-    store, _ = open_store(database)
+    store, _ = open_store(database, absent=f"token: no token named {name!r}")
     with store:
         try:
             record = store.revoke_token(name)

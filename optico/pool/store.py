@@ -44,6 +44,12 @@ __all__ = ["IdempotencyConflict", "SqlStore", "Store", "StoreError", "open_store
 
 FINISHED_TRIAL_STATUSES = (TrialStatus.OK.value, TrialStatus.FAILED.value)
 TOKEN_SCOPES = ("read", "write")
+
+
+def token_name_problem(name: str) -> str | None:
+    """Why `name` cannot name an API token, or None (the CLI asks before it opens the pool)."""
+    return None if name and len(name) <= 128 and name.isprintable() else "1 to 128 printable characters"
+
 # Wall-time histogram buckets of finished trials (seconds), for /metrics.
 DURATION_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0)
 # A token's last use is written at most this often: a write per request would serialise readers on SQLite.
@@ -647,8 +653,9 @@ class SqlStore(ScheduleSql, Store):
     def create_token(self, name: str, scope: str) -> tuple[TokenRecord, str]:
         if scope not in TOKEN_SCOPES:
             raise ValueError(f"scope: must be read or write, got {scope!r}")
-        if not name or len(name) > 128 or not name.isprintable():
-            raise ValueError("name: 1 to 128 printable characters")
+        problem = token_name_problem(name)
+        if problem:
+            raise ValueError(f"name: {problem}")
         token = f"optico_{scope[0]}_{_secrets.token_urlsafe(32)}"
         redact.register(token)
         try:

@@ -41,3 +41,16 @@ def test_create_list_revoke(home):
 
     unknown = run_in_process(["token", "revoke", "nobody"])
     assert unknown.code == 2 and unknown.stderr.startswith("error: token: no token named 'nobody'")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["token", "create", "", "--scope", "read"], "error: name: 1 to 128 printable characters"),
+    (["token", "revoke", "nobody"], "error: token: no token named 'nobody'"),
+    (["jobs", "show", "5"], "error: JOB_ID: no job 5"),
+    (["schedule", "show", "nope"], "error: schedule: no schedule named 'nope'"),
+    (["schedule", "remove", "nope"], "error: schedule: no schedule named 'nope'"),
+])
+def test_a_refused_command_creates_no_pool(home, argv: list[str], says: str):
+    refused = run_in_process(argv)
+    assert refused.code == 2 and refused.stderr.startswith(says), refused.stderr
+    assert not (home / "optico.db").exists()
