@@ -81,3 +81,26 @@ def test_the_report_sets_the_goals_against_the_ceiling():
     text = markdown(doc)
     assert "Clairvoyant ceiling" in text and f"best @10 {100 * ceiling['best_at_10']:.1f}" in text
     assert f"a clairvoyant tuner's expected ceiling on these landscapes: {100 * ceiling['best_at_10']:.1f} %" in text
+
+
+def _group(optico_at_10: float, baseline_at_10: float, ceiling: dict | None) -> dict:
+    figures = lambda at_10: {"best_at": {"10": {"mean": at_10}}, "reached_98": {"mean": 0.5},  # noqa: E731
+                             "failed_launches": 0.03}
+    return {"tuners": {"optico": figures(optico_at_10), "model-greedy": figures(baseline_at_10)},
+            "strongest": "model-greedy", "ceiling": ceiling,
+            "paired": {"optico": {"model-greedy": {"best_at_10": {"mean": optico_at_10 - baseline_at_10,
+                                                                  "lo": -0.01, "hi": 0.01}}}}}
+
+
+def test_goals_say_when_a_target_is_past_what_any_tuner_can_reach():
+    from optico.bench.summary import goals
+
+    doc = {"meta": {"budget": 20}, "groups": {
+        "independent": _group(0.995, 0.996, None),
+        "out-of-form": _group(0.93, 0.91, {"best_at_10": 0.983, "reached_98_at_20": 0.85})}}
+    said = {(g["group"], g["goal"][:12]): g.get("detail") for g in goals(doc)}
+    assert said[("independent", "OptiCo - str")] == "model-greedy is at 99.6 %: 1 pt more is past the optimum"
+    assert said[("out-of-form", "OptiCo - str")] == ""  # 92 % + 1 pt is below the optimum: no such remark
+    assert said[("out-of-form", "OptiCo mean ")].endswith("ceiling on these landscapes: 98.3 %")
+    assert said[("out-of-form", ">= 90 % of O")].endswith("ceiling on these landscapes: 85.0 %")
+    assert not said[("independent", "OptiCo mean ")]  # no ceiling without the split
