@@ -40,7 +40,7 @@ def main() -> int:
                                "cross_entropy_loss_fusion": not args.no_ce_fusion})
     with tempfile.TemporaryDirectory() as tmp:
         spec = write_spec(Path(tmp) / "spec.json", w, s, warmup=2, max_steps=6, min_steps=3)
-        env = {**os.environ, "OPTICO_BENCH_PROFILE": str(Path(args.out).resolve()), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "OPTICO_BENCH_PROFILE": str(Path(args.out).resolve())}  # run_whole adds unbuffered
         text, timed_out, code = asyncio.run(run_whole(torchrun_command(spec, 1), Path(tmp) / "run", 300, env))
     print("\n".join(line for line in text.splitlines()
                     if line.startswith(("OPTICO_RESULT", "OPTICO_ERROR")) or "Error" in line)[-6000:])

@@ -33,7 +33,7 @@ def clairvoyant_ceiling(landscape: Landscape, budgets: Sequence[int] = (10, 20),
     """Expected best @k (fraction of each draw's optimum) and the share of draws reaching 98 % of it
     within k launches, for each k of `budgets`; None for a landscape without the split."""
     launcher = landscape.make_launcher()
-    if landscape.kind != "sim" or not isinstance(launcher, HiddenSimLauncher):
+    if not isinstance(launcher, HiddenSimLauncher):
         return None
     fitting = [s for s in landscape.candidates if landscape.true_mfu(s) is not None]
     if not fitting:

@@ -33,7 +33,6 @@ from optico.launchers.replay import ReplayLauncher
 from optico.launchers.sim import TIMED_STEPS, WARMUP_STEPS, SimLauncher
 from optico.perfmodel.constants import Constants, load_constants
 from optico.perfmodel.online import JobModel
-from optico.plausible import measurement_problem
 from optico.replay_csv import ReplayRow, matches, matching_preset, measured_mfu
 from optico.search_space import SearchSpace, default_domain
 from optico.spec import Budget, JobSpec, LauncherSpec, ReasonerSpec
@@ -626,19 +625,16 @@ def _replayed_row(launcher: ReplayLauncher, w: Workload, s: Strategy) -> ReplayR
 
 
 def replay_measured(launcher: ReplayLauncher, w: Workload) -> list[Strategy]:
-    """The configurations a replay landscape of `w` holds: the launcher's candidates, less those whose
-    replayed row's numbers cannot be a measurement (not finite, not positive, above the GPU's peak or
-    memory, an MFU below MIN_PLAUSIBLE_MFU — a typo such as 1e999 or 1e-320). Such a row is no
-    landscape point: its MFU would be the optimum (inf) or break every ratio."""
+    """The configurations a replay landscape of `w` holds: the launcher's candidates (rows whose
+    numbers a GPU can measure: the reader skips the others, `optico.replay_csv.impossible_measurement`),
+    less those whose replayed row has no MFU or one below MIN_PLAUSIBLE_MFU (a typo such as 1e-320,
+    which would break every ratio)."""
     out = []
     for s in launcher.candidates(w):
         row = _replayed_row(launcher, w, s)
         if row.result == "ok":
             mfu = measured_mfu(row)
-            if mfu is None or measurement_problem(
-                    w, mfu=mfu, mem_max_gib=row.mem_max_gib, step_time_s=row.step_time_s,
-                    tflops_per_gpu=row.tflops_per_gpu, tokens_per_s_per_gpu=row.tokens_per_s_per_gpu,
-                    mfu_column=row.mfu) or mfu < MIN_PLAUSIBLE_MFU:
+            if mfu is None or mfu < MIN_PLAUSIBLE_MFU:
                 continue
         out.append(s)
     return out
