@@ -55,6 +55,17 @@ def read_text(path: Path, field: str, what: str, max_bytes: int) -> str:
     return decode_text(data, field, f"{path}", what)
 
 
+def json_problem(exc: Exception) -> str:
+    """Why `json.loads` refused a text, in our words: Python's own messages for a huge integer or a deep
+    nesting name its internals ("use sys.set_int_max_str_digits()", "recursion depth")."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if "integer string conversion" in message:
+        return "an integer with more than 4300 digits"
+    return message[:200]
+
+
 def decode_text(data: bytes, field: str, name: str, what: str) -> str:
     """UTF-8 text (a BOM allowed) without NUL characters, or SpecError(field)."""
     if b"\x00" in data:

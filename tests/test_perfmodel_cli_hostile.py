@@ -54,6 +54,7 @@ def write_hostile_calibrations(folder: Path) -> dict[str, Path]:
         "wrong type": '{"gemm_efficiency": "0.8"}',
         "out of bounds": '{"gemm_efficiency": 5.0}',
         "too deep": "[" * 100_000 + "]" * 100_000,
+        "huge integer": '{"gemm_efficiency": ' + "9" * 5000 + "}",
         "too large": '{"_meta": "' + "x" * (2 * 1024 * 1024) + '"}',
         "binary": '{"gemm_efficiency": 0.8}\x00',
         f"ansi {ANSI}": '{"' + ANSI + '": 1}',
@@ -83,6 +84,7 @@ def test_load_constants_refuses_each_hostile_calibration_naming_its_source(hosti
             load_constants(path)
         assert given.value.field.startswith("calibration"), (label, given.value)
         assert "\n" not in str(given.value)
+        assert not any(word in str(given.value) for word in ("sys.", "recursion")), (label, given.value)  # our words
         monkeypatch.setenv("OPTICO_CALIBRATION", str(path))
         with pytest.raises(SpecError) as from_env:
             load_constants()

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from optico.errors import SpecError
-from optico.input_files import MAX_JSON_BYTES, read_text
+from optico.input_files import MAX_JSON_BYTES, json_problem, read_text
 
 DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
 CALIBRATION_ENV = "OPTICO_CALIBRATION"
@@ -141,10 +141,8 @@ def read_calibration(path: Path, field: str = "calibration") -> Constants:
     except json.JSONDecodeError as exc:
         raise SpecError(field, f"{path.name} is not valid JSON at line {exc.lineno}, column {exc.colno}: "
                                f"{exc.msg}") from None
-    except ValueError as exc:
-        raise SpecError(field, f"{path.name}: {exc}") from None
-    except RecursionError:
-        raise SpecError(field, f"{path.name} is nested too deeply to be a calibration") from None
+    except (ValueError, RecursionError) as exc:
+        raise SpecError(field, f"{path.name} is not a calibration: {json_problem(exc)}") from None
     if not isinstance(data, dict):
         raise SpecError(field, f"{path.name} must hold a JSON object of constants, got {type(data).__name__}")
     data.pop("_meta", None)

@@ -20,6 +20,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from optico import __version__
 from optico.pool.contract import StoreError
@@ -83,7 +84,7 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
             pool.stop()
             store.close()
 
-    app = FastAPI(title="OptiCo", version=__version__, description=DESCRIPTION, lifespan=lifespan,
+    app = OptiCoAPI(title="OptiCo", version=__version__, description=DESCRIPTION, lifespan=lifespan,
                   max_body_size=settings.max_body_bytes)
     app.state.settings = settings
     app.include_router(jobs.router)
@@ -133,6 +134,33 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
                             status_code=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "5"})
 
     return app
+
+
+class OptiCoAPI(FastAPI):
+    """FastAPI with the body limit's 413 in our error shape, answered before anything reads the body."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        stack = super().build_middleware_stack()
+        return ContentLengthGate(stack, self.max_body_size) if self.max_body_size is not None else stack
+
+
+class ContentLengthGate:
+    """Refuses a request whose Content-Length is over the limit with a JSON 413. Starlette's own body
+    limiter (inside it, still counting chunked bodies) answers that case with a text/plain response
+    that replaces whatever the app started, our handlers' JSON included."""
+
+    def __init__(self, app: ASGIApp, max_body_size: int) -> None:
+        self.app, self.max_body_size = app, max_body_size
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            declared = dict(scope["headers"]).get(b"content-length", b"").strip()
+            if declared.isdigit() and (len(declared) > 18 or int(declared) > self.max_body_size):
+                response = JSONResponse({"detail": f"the request body is over {self.max_body_size} bytes"},
+                                        status_code=status.HTTP_413_CONTENT_TOO_LARGE,
+                                        headers={"X-Content-Type-Options": "nosniff", "Connection": "close"})
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 class RedactedAccessLog(logging.Filter):

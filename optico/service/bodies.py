@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from optico.input_files import json_problem
 from optico.service.settings import ServiceSettings
 from optico.spec import JobSpec, SpecError, parse_spec_text
 
@@ -62,10 +63,10 @@ def spec_from_body(raw: bytes, content_type: str, settings: ServiceSettings) -> 
     if kind in JSON_TYPES or kind.endswith("+json"):
         try:  # strict JSON first: YAML would read some malformed JSON as a string
             json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise SpecError("body", f"not valid JSON: {str(exc).splitlines()[0][:200]}") from None
         except UnicodeDecodeError:
             raise SpecError("body", "not UTF-8 text") from None
+        except (ValueError, RecursionError) as exc:
+            raise SpecError("body", f"not valid JSON: {json_problem(exc)}") from None
     roots = [PACKAGE_DATA.resolve(), *(Path(r).expanduser().resolve() for r in settings.file_roots)]
     try:
         text = raw.decode("utf-8")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-
 import json
 import os
+import socket
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -252,10 +253,12 @@ def test_bad_bodies_get_422_naming_the_field(served: tuple[Service, dict[str, st
         assert detail["msg"], field
     raw = [(b"{", "application/json"), (b"\xff\xfe\x00", "application/json"), (b"name: [unclosed", "application/yaml"),
            (("[" * 200 + "]" * 200).encode(), "application/json"),
+           (("[" * 5000 + "]" * 5000).encode(), "application/json"), (b'{"a": ' + b"9" * 5000 + b"}", "application/json"),
            (b"<html></html>", "text/html")]
     for content, kind in raw:
         response = http.post("/api/v1/jobs", content=content, headers={"Content-Type": kind})
         assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body"], response.text
+        assert not any(word in response.text for word in ("sys.", "recursion")), response.text  # our words
     assert len(BAD_BODIES) + len(raw) >= 20
     assert [j["id"] for j in http.get("/api/v1/jobs").json()["items"]] == before  # nothing was written
 
@@ -264,7 +267,19 @@ def test_large_bodies_get_413(make_service, tokens: dict[str, str]):
     service = make_service(OPTICO_MAX_BODY_BYTES="4096", OPTICO_WORKERS="0").start()
     http = client(service, tokens["write"])
     big = {**spec(), "name": "x" * 10_000}
-    assert submit(http, big).status_code == 413
+    refused = submit(http, big)  # Content-Length says so: refused before the body is read
+    assert refused.status_code == 413 and "4096 bytes" in refused.json()["detail"], refused.text
+    chunked = http.post("/api/v1/jobs", content=iter([json.dumps(big).encode()]),
+                        headers={"Content-Type": "application/json"})  # no Content-Length: counted as it comes
+    assert chunked.status_code == 413 and chunked.json()["detail"], chunked.text
+    # A Content-Length past any integer a server reads (httpx will not send one: a raw request).
+    address = urlsplit(service.url)
+    with socket.create_connection((address.hostname, address.port), timeout=30) as raw:
+        raw.sendall(b"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Authorization: Bearer " + tokens["write"].encode() + b"\r\nContent-Length: " + b"9" * 40
+                    + b"\r\n\r\n{}")
+        answer = raw.recv(4096).decode("latin-1")
+    assert answer.split()[1] in ("400", "413"), answer  # refused by uvicorn or the gate, never a 500
     assert submit(http, spec("small", max_trials=1)).status_code == 201
 
 
