@@ -110,6 +110,21 @@ def test_evaluate_scores_rows_with_unknown_cells_only_where_they_agree():
             assert len({p.fits for p in preds}) == 2
 
 
+def test_evaluate_reports_progress_once_per_row_and_shows_a_bar_only_on_a_terminal():
+    """Rows with unknown cells cost a prediction per plausible value: a long evaluation shows a bar
+    (stderr, on a terminal only, so --json output stays clean)."""
+    from optico.perfmodel.evaluate import evaluate_tables
+    from optico.replay_csv import read_replay_csv
+
+    tables = [(p.name, read_replay_csv(p)) for p in (PACKAGED_OPTICO_CSV, SHARED_DATA / "megatron_readme_h100_scaling.csv")]
+    calls = []
+    evaluate_tables(tables, on_row=lambda: calls.append(1))
+    assert len(calls) == sum(len(rows) for _, rows in tables) == 14 + 11
+    proc = subprocess.run(optico_cmd("perfmodel", "evaluate", "--json", "--data", str(PACKAGED_OPTICO_CSV)),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "" and json.loads(proc.stdout)["files"], proc.stderr
+
+
 def test_evaluate_rejects_missing_file(tmp_path):
     proc = subprocess.run(optico_cmd("perfmodel", "evaluate", "--data", str(tmp_path / "no.csv")),
                           capture_output=True, text=True, timeout=120)

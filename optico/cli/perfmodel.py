@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from optico.cli.common import MoreFilesArgument, check_output_path, console, fail, require_files
+from optico.cli.common import MoreFilesArgument, check_output_path, console, err, fail, require_files
 from optico.errors import SpecError, first_line
 from optico.perfmodel.constants import CALIBRATION_ENV, Constants, load_constants, read_calibration
 from optico.textsafe import markup, rich_text, terminal_text
@@ -118,7 +121,8 @@ def perfmodel_evaluate(
         constants = _calibration_in_use()
     tables = _read_tables("--data", data, strict=strict)
     try:
-        report = evaluate_tables([(path.name, rows) for path, (rows, _) in tables], constants)
+        with row_progress(sum(len(rows) for _, (rows, _) in tables)) as on_row:
+            report = evaluate_tables([(path.name, rows) for path, (rows, _) in tables], constants, on_row)
     except (ValueError, OSError) as exc:
         fail(SpecError("--data", first_line(exc)))
     if report_rows:
@@ -137,6 +141,20 @@ def perfmodel_evaluate(
         if d.get("mfu_unscored_not_tuned") and name != "overall":
             console.print(f"[dim]{markup(name)}: MFU not scored on {d['mfu_unscored_not_tuned']} rows whose times are "
                           f"not tuned throughput (memory and fit/OOM are)[/]", highlight=False)
+
+
+@contextmanager
+def row_progress(total: int) -> Iterator[Callable[[], None]]:
+    """A callback advancing a progress bar of `total` rows on stderr, shown only on a terminal (stdout
+    may carry --json): rows with unknown cells are predicted once per plausible value, and a
+    20,000-row file of them takes minutes."""
+    if not err.is_terminal:
+        yield lambda: None
+        return
+    with Progress(TextColumn("rows"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task("", total=total)
+        yield lambda: progress.advance(task)
 
 
 def _check_fields(fields: list[str]) -> None:
