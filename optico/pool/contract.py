@@ -84,13 +84,19 @@ class Store(ABC):
     """The global message pool: the one place a job's history lives (see the module docstring)."""
 
     # -- jobs ----------------------------------------------------------------------------
-    @abstractmethod
     def create_job(self, spec: JobSpec, *, origin: str = "queue", idempotency_key: str | None = None) -> int:
         """Stores a new job (QUEUED; its workload if unseen) and returns its id.
 
         With `idempotency_key`: a job already created with that key is returned instead (its id),
         if its spec is the same; IdempotencyConflict if it differs. `origin` is 'queue' (the
         workers pick it up) or 'cli' (run by the process that created it)."""
+        return self.submit_job(spec, origin=origin, idempotency_key=idempotency_key)[0]
+
+    @abstractmethod
+    def submit_job(self, spec: JobSpec, *, origin: str = "queue", idempotency_key: str | None = None
+                   ) -> tuple[int, bool]:
+        """`create_job`, also saying whether this call created the job (False: the key's earlier job),
+        decided in the same transaction, so one of many racing submissions is told it created it."""
 
     @abstractmethod
     def job_id_for_key(self, idempotency_key: str) -> int | None:
@@ -126,9 +132,10 @@ class Store(ABC):
     # -- the lifecycle ---------------------------------------------------------------------
     @abstractmethod
     def transition(self, job_id: int, to: JobStatus, *, reason: str | None = None, worker: str | None = None,
-                   then: JobEvent | None = None) -> JobRecord:
+                   then: JobEvent | None = None, only_from: frozenset[JobStatus] | None = None) -> JobRecord:
         """Compare-and-set: moves the job to `to` if its current state allows it (see
-        `lifecycle.ALLOWED`), recording a `state` event in the same transaction, and `then` after it
+        `lifecycle.ALLOWED`) and, with `only_from`, is one of those (a caller that chose `to` from the
+        state it read), recording a `state` event in the same transaction, and `then` after it
         (e.g. `job_done`: a reader never sees the final state without it).
 
         `reason` becomes the stop reason of a final state. Outcomes of a run (succeeded, failed,

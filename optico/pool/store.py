@@ -242,7 +242,8 @@ class SqlStore(ScheduleSql, Store):
         return seq
 
     # -- jobs ----------------------------------------------------------------------------
-    def create_job(self, spec: JobSpec, *, origin: str = "queue", idempotency_key: str | None = None) -> int:
+    def submit_job(self, spec: JobSpec, *, origin: str = "queue", idempotency_key: str | None = None
+                   ) -> tuple[int, bool]:
         if origin not in ("queue", "cli"):
             raise ValueError(f"origin must be 'queue' or 'cli', got {origin!r}")
         stored = spec_for_storage(spec)
@@ -253,7 +254,7 @@ class SqlStore(ScheduleSql, Store):
                 if idempotency_key is not None:
                     existing = s.scalars(select(JobRow).where(JobRow.idempotency_key == idempotency_key)).first()
                     if existing is not None:
-                        return self._same_spec(existing, digest, idempotency_key)
+                        return self._same_spec(existing, digest, idempotency_key), False
                 # DO NOTHING rather than check-then-insert: two jobs on a new workload may come at once.
                 s.execute(self._insert(_WORKLOADS)
                           .values(key=key, description=redact.redact(spec.workload.describe()),
@@ -265,14 +266,14 @@ class SqlStore(ScheduleSql, Store):
                 s.add(row)
                 s.flush()
                 self._append_event(s, row.id, JobStateChanged(status=JobStatus.QUEUED.value, reason="created"))
-                return row.id
+                return row.id, True
         except StoreError as exc:
             # Two requests with one new key raced: the loser reads the winner's job.
             if idempotency_key is None or not isinstance(exc.__cause__, IntegrityError):
                 raise
             with self._session() as s:
                 existing = s.scalars(select(JobRow).where(JobRow.idempotency_key == idempotency_key)).one()
-                return self._same_spec(existing, digest, idempotency_key)
+                return self._same_spec(existing, digest, idempotency_key), False
 
     @staticmethod
     def _same_spec(row: JobRow, digest: str, key: str) -> int:
@@ -350,11 +351,13 @@ class SqlStore(ScheduleSql, Store):
 
     # -- the lifecycle ---------------------------------------------------------------------
     def transition(self, job_id: int, to: JobStatus, *, reason: str | None = None, worker: str | None = None,
-                   then: JobEvent | None = None) -> JobRecord:
+                   then: JobEvent | None = None, only_from: frozenset[JobStatus] | None = None) -> JobRecord:
         to = JobStatus(to)
         with self._session() as s:
             row = self._lock_job(s, job_id)
             current = JobStatus(row.status)
+            if only_from is not None and current not in only_from:
+                raise IllegalTransition(job_id, current, to)
             if to in WORKER_ONLY and worker is None:
                 raise ValueError(f"only the worker holding job {job_id} may make it {to.value}")
             if worker is not None and row.lease_owner != worker:

@@ -3,8 +3,10 @@ plus what a shared service refuses that a user's own `optico tune` allows:
 
 - files outside the allowed roots (replay `launcher.data`, `calibration`, `launcher.run_dir`);
 - unless OPTICO_ALLOW_COMMANDS=true, anything that makes the workers run other code than OptiCo's own
-  driver: a Megatron-LM command, another interpreter, Ray `runtime_env`/`ray_init`, and environment
-  variables that change what a process loads (LD_PRELOAD, PYTHONPATH, ...).
+  driver: a Megatron-LM command, another interpreter, Ray `runtime_env`/`ray_init`, a Ray address
+  other than the workers' own cluster (a Ray client unpickles what its server sends), environment
+  variables that change what a process loads (LD_PRELOAD, PYTHONPATH, NCCL_NET_PLUGIN, CUDA_HOME,
+  ...), and file paths in environment values.
 """
 
 from __future__ import annotations
@@ -19,8 +21,13 @@ from optico.spec import JobSpec, SpecError, parse_spec_text
 PACKAGE_DATA = Path(__file__).resolve().parents[1] / "data"
 JSON_TYPES = ("application/json",)
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
-# Variables that make a process load or run something else than the command it was given.
+# Variables that make a process load or run something else than the command it was given: by prefix,
+# and by what their name says they point at (NCCL_NET_PLUGIN, CUDA_INJECTION64_PATH, CUDA_HOME,
+# GCONV_PATH, TORCHINDUCTOR_CACHE_DIR: a library, a toolkit or a cache of compiled code).
 LOADER_VARIABLES = ("LD_", "DYLD_", "PYTHON", "BASH_ENV", "ENV", "PATH", "PERL5", "RUBY", "NODE_OPTIONS")
+LOADER_WORDS = ("PRELOAD", "PLUGIN", "INJECT", "LIBRARY", "PATH", "HOME", "_DIR", "CACHE", "GCONV")
+# Ray addresses a request may name: the workers' own cluster (RAY_ADDRESS, `ray start`) or a new local one.
+OWN_RAY_ADDRESSES = (None, "auto", "local")
 
 
 def _inside(path: Path, roots: list[Path]) -> bool:
@@ -50,9 +57,15 @@ def _refuse_code(spec: JobSpec) -> None:
         raise SpecError("launcher.runtime_env", "this service does not take a Ray runtime_env from a request")
     if launcher.ray_init:
         raise SpecError("launcher.ray_init", "this service starts Ray with its own settings")
-    for name in launcher.env:
-        if name.upper().startswith(LOADER_VARIABLES):
+    if launcher.address not in OWN_RAY_ADDRESSES:
+        raise SpecError("launcher.address", "this service runs trials on its own Ray cluster (auto or local); "
+                                            "it connects to no address from a request")
+    for name, value in launcher.env.items():
+        upper = name.upper()
+        if upper.startswith(LOADER_VARIABLES) or any(word in upper for word in LOADER_WORDS):
             raise SpecError(f"launcher.env.{name}", "variables that change what a process loads are refused")
+        if "/" in value:
+            raise SpecError(f"launcher.env.{name}", "this service takes no file paths in environment values")
 
 
 def spec_from_body(raw: bytes, content_type: str, settings: ServiceSettings) -> JobSpec:

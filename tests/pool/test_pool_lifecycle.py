@@ -64,6 +64,17 @@ def test_every_transition_follows_the_table(store: SqlStore, start: JobStatus, w
     assert len(store.events(job_id)) == events_before
 
 
+def test_only_from_refuses_a_state_that_changed_since_it_was_read(store: SqlStore) -> None:
+    """A stop reads a queued job and cancels it only if still queued: claimed meanwhile, it is refused."""
+    job_id = put_in(store, S.QUEUED)
+    store.claim_job("w1", 60, job_id=job_id)  # between the caller's read and its write
+    with pytest.raises(IllegalTransition, match="is running"):
+        store.transition(job_id, S.CANCELLED, reason="stop", only_from=frozenset({S.QUEUED}))
+    assert store.get_job(job_id).status is S.RUNNING
+    assert store.submit_job(make_spec("new"), idempotency_key="k1")[1] is True
+    assert store.submit_job(make_spec("new"), idempotency_key="k1")[1] is False
+
+
 def test_a_cancel_is_not_overwritten_by_the_worker(store: SqlStore) -> None:
     job_id = put_in(store, S.RUNNING)
     store.transition(job_id, S.CANCELLED, reason="user asked")

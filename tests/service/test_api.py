@@ -236,6 +236,14 @@ BAD_BODIES = [
     ({**spec(), "calibration": "/etc/shadow"}, "calibration"),
     ({**spec(), "launcher": {"kind": "local", "program": {"kind": "megatron-lm", "command": ["rm", "-rf", "/"]}}},
      "launcher.program"),
+    ({**spec(), "launcher": {"kind": "ray", "address": "ray://127.0.0.1:18999"}}, "launcher.address"),
+    ({**spec(), "launcher": {"kind": "local", "env": {"NCCL_NET_PLUGIN": "evil"}}}, "launcher.env.NCCL_NET_PLUGIN"),
+    ({**spec(), "launcher": {"kind": "local", "env": {"CUDA_INJECTION64_PATH": "x.so"}}},
+     "launcher.env.CUDA_INJECTION64_PATH"),
+    ({**spec(), "launcher": {"kind": "local", "env": {"CUDA_HOME": "x"}}}, "launcher.env.CUDA_HOME"),
+    ({**spec(), "launcher": {"kind": "local", "env": {"TORCHINDUCTOR_CACHE_DIR": "x"}}},
+     "launcher.env.TORCHINDUCTOR_CACHE_DIR"),
+    ({**spec(), "launcher": {"kind": "local", "env": {"NCCL_TOPO": "/tmp/evil"}}}, "launcher.env.NCCL_TOPO"),
     ({**spec(), "reasoner": "magic"}, "reasoner"),
     ({**spec(), "seed": "x"}, "seed"),
 ]
@@ -290,6 +298,39 @@ def test_unknown_jobs_are_404(served: tuple[Service, dict[str, str]]):
                  "/api/v1/jobs/999/events", "/api/v1/jobs/999/messages"):
         response = http.get(path)
         assert response.status_code == 404 and response.json()["detail"] == "no job 999", path
+
+
+def test_racing_submissions_with_one_key_get_one_201_and_an_empty_key_is_refused(served: tuple[Service, dict[str, str]]):
+    """Whether a submission created its job is decided where the job is written: of ten racing
+    requests with one Idempotency-Key exactly one is told 201."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    service, tokens = served
+    body = spec("raced", max_trials=1)
+
+    def send(_: int) -> httpx.Response:
+        with client(service, tokens["write"]) as http:
+            return submit(http, body, **{"Idempotency-Key": f"race-{service.url}"})
+
+    with ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(send, range(10)))
+    assert sorted(a.status_code for a in answers) == [200] * 9 + [201], [a.text for a in answers]
+    assert len({a.json()["id"] for a in answers}) == 1
+    empty = submit(client(service, tokens["write"]), body, **{"Idempotency-Key": ""})
+    assert empty.status_code == 422 and "idempotency-key" in str(empty.json()["detail"][0]["loc"]).lower(), empty.text
+
+
+def test_without_a_token_every_job_is_401_whether_it_exists_or_not(served: tuple[Service, dict[str, str]]):
+    """The token is checked before the job is looked up: an anonymous caller cannot tell which ids exist."""
+    service, tokens = served
+    existing = client(service, tokens["write"]).post("/api/v1/jobs", json=spec("exists", max_trials=1)).json()["id"]
+    anonymous = client(service, None)
+    for job_id in (existing, 999_999):
+        for method, path in (("GET", ""), ("GET", "/trials"), ("GET", "/messages"), ("GET", "/report"),
+                             ("GET", "/events"), ("POST", "/stop"), ("POST", "/cancel"), ("POST", "/resume"),
+                             ("PATCH", "")):
+            response = anonymous.request(method, f"/api/v1/jobs/{job_id}{path}", json={} if method == "PATCH" else None)
+            assert response.status_code == 401, (job_id, method, path, response.status_code, response.text)
 
 
 HUGE = "9" * 25  # beyond SQL's BIGINT: the drivers refuse to bind it

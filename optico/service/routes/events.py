@@ -36,7 +36,7 @@ def resume_point(after: int | None, last_event_id: str | None) -> int:
 
 
 @router.get("/{job_id}/events", response_class=EventSourceResponse)
-async def stream_events(request: Request, job: JobDep, store: StoreDep, settings: SettingsDep, _: ReadToken,
+async def stream_events(request: Request, _: ReadToken, job: JobDep, store: StoreDep, settings: SettingsDep,
                         after: Annotated[int | None, Query(ge=0, le=SQL_INT_MAX,
                                                            description="Send events after this seq.")] = None,
                         last_event_id: Annotated[str | None, Header(max_length=32)] = None,

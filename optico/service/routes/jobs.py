@@ -61,7 +61,7 @@ def _spec_error(exc: SpecError) -> HTTPException:
              responses={200: {"model": JobView, "description": "The job this Idempotency-Key created before."},
                         422: {"description": "Each invalid field with its path and reason."}, **ERRORS})
 async def create_job(request: Request, response: Response, store: StoreDep, settings: SettingsDep, _: WriteToken,
-                     idempotency_key: Annotated[str | None, Header(max_length=255)] = None) -> JobView:
+                     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None) -> JobView:
     """Submits a job for the workers. The same `Idempotency-Key` returns the same job (200)."""
     raw = await request.body()
     try:
@@ -70,20 +70,15 @@ async def create_job(request: Request, response: Response, store: StoreDep, sett
         raise _spec_error(exc) from None
     from starlette.concurrency import run_in_threadpool
 
-    before = await run_in_threadpool(_known_key, store, idempotency_key)
     try:
-        job_id = await run_in_threadpool(lambda: store.create_job(spec, idempotency_key=idempotency_key))
+        job_id, created = await run_in_threadpool(lambda: store.submit_job(spec, idempotency_key=idempotency_key))
     except IdempotencyConflict as exc:
         raise _conflict(exc) from None
-    if before == job_id:
+    if not created:
         response.status_code = status.HTTP_200_OK
     response.headers["Location"] = f"/api/v1/jobs/{job_id}"
     job = await run_in_threadpool(store.get_job, job_id)
     return job_view(job, None)
-
-
-def _known_key(store, key: str | None) -> int | None:
-    return None if key is None else store.job_id_for_key(key)
 
 
 @router.get("", response_model=JobPage, responses=ERRORS)
@@ -104,13 +99,13 @@ def list_jobs(store: StoreDep, settings: SettingsDep, _: ReadToken,
 
 
 @router.get("/{job_id}", response_model=JobView, responses=ERRORS)
-def get_job(job: JobDep, store: StoreDep, _: ReadToken) -> JobView:
+def get_job(_: ReadToken, job: JobDep, store: StoreDep) -> JobView:
     """One job: status, progress, best so far, lease holder, stop reason."""
     return job_view(job, store.job_stats([job.id]).get(job.id))
 
 
 @router.get("/{job_id}/trials", response_model=list[TrialView], responses=ERRORS)
-def list_trials(job: JobDep, store: StoreDep, _: ReadToken,
+def list_trials(_: ReadToken, job: JobDep, store: StoreDep,
                 after: Annotated[int, Query(ge=0, le=SQL_INT_MAX, description="Only trials with a larger index.")] = 0,
                 ) -> list[TrialView]:
     """The job's trials after index `after`, in order (fetch only what is new)."""
@@ -118,7 +113,7 @@ def list_trials(job: JobDep, store: StoreDep, _: ReadToken,
 
 
 @router.get("/{job_id}/messages", response_model=list[MessageView], responses=ERRORS)
-def list_messages(job: JobDep, store: StoreDep, _: ReadToken,
+def list_messages(_: ReadToken, job: JobDep, store: StoreDep,
                   after: Annotated[int, Query(ge=0, le=SQL_INT_MAX, description="Only messages with a larger id.")] = 0,
                   iteration: Annotated[int | None, Query(ge=0, le=SQL_INT_MAX)] = None,
                   reasoning: Annotated[bool, Query(description="Include stored chain of thought.")] = False,
@@ -136,27 +131,32 @@ def _control(store, job_id: int, to: JobStatus, reason: str) -> JobView:
 
 
 @router.post("/{job_id}/stop", response_model=JobView, responses=ERRORS)
-def stop_job(job: JobDep, store: StoreDep, token: WriteToken) -> JobView:
+def stop_job(token: WriteToken, job: JobDep, store: StoreDep) -> JobView:
     """Graceful stop: the running trial finishes, no new one starts. A queued job is cancelled."""
     if job.status is JobStatus.QUEUED:
-        return _control(store, job.id, JobStatus.CANCELLED, f"stopped before it started (token {token.name})")
+        try:  # only if still queued: a worker may have claimed it since it was read; then it is stopped
+            store.transition(job.id, JobStatus.CANCELLED, reason=f"stopped before it started (token {token.name})",
+                             only_from=frozenset({JobStatus.QUEUED}))
+            return job_view(store.get_job(job.id), store.job_stats([job.id]).get(job.id))
+        except LifecycleError:
+            pass
     return _control(store, job.id, JobStatus.STOPPING, f"stopped on request (token {token.name})")
 
 
 @router.post("/{job_id}/cancel", response_model=JobView, responses=ERRORS)
-def cancel_job(job: JobDep, store: StoreDep, token: WriteToken) -> JobView:
+def cancel_job(token: WriteToken, job: JobDep, store: StoreDep) -> JobView:
     """Cancel: the running trial is killed through its launcher and recorded as lost."""
     return _control(store, job.id, JobStatus.CANCELLED, f"cancelled on request (token {token.name})")
 
 
 @router.post("/{job_id}/resume", response_model=JobView, responses=ERRORS)
-def resume_job(job: JobDep, store: StoreDep, _: WriteToken) -> JobView:
+def resume_job(_: WriteToken, job: JobDep, store: StoreDep) -> JobView:
     """Queues an interrupted or failed job again; a worker resumes it from its checkpoint."""
     return _control(store, job.id, JobStatus.QUEUED, "resumed on request")
 
 
 @router.patch("/{job_id}", response_model=JobView, responses={422: {"description": "Invalid budget."}, **ERRORS})
-def patch_job(job: JobDep, body: BudgetPatch, store: StoreDep, _: WriteToken) -> JobView:
+def patch_job(_: WriteToken, job: JobDep, body: BudgetPatch, store: StoreDep) -> JobView:
     """Raises or lowers the trial or GPU-hour budget, also while the job runs."""
     try:
         store.set_budget(job.id, max_trials=body.max_trials, gpu_hours=body.gpu_hours)
@@ -167,7 +167,7 @@ def patch_job(job: JobDep, body: BudgetPatch, store: StoreDep, _: WriteToken) ->
 
 @router.get("/{job_id}/report", responses={200: {"content": {"application/json": {}, "text/markdown": {}},
                                                   "description": "The report (JSON or Markdown)."}, **ERRORS})
-def get_report(job: JobDep, store: StoreDep, _: ReadToken,
+def get_report(_: ReadToken, job: JobDep, store: StoreDep,
                format_: Annotated[Literal["json", "markdown"], Query(alias="format")] = "json",
                tokens: Annotated[float | None, Query(gt=0, le=1e16, description="A training budget in tokens: "
                                                      "GPU-hours it takes with the baseline and the best.")] = None):
