@@ -218,9 +218,13 @@ async def run_claimed_job(store: Store, database_url: str, job_id: int, *, worke
         raise
     except LeaseLost:
         pass  # another worker runs the job now; nothing of ours may be written
-    except Exception as exc:  # the run broke (a bug, a dead database): failed, resumable
+    except Exception as exc:  # the run broke (a bug, a dead database, a Ray cluster gone): failed, resumable
         reason = clip(f"{type(exc).__name__}: {exc}".splitlines()[0], 500)
         try:
+            # The trial it was running has no result: recorded lost, not left running for ever.
+            for trial in store.trials(job_id):
+                if trial.status is TrialStatus.RUNNING:
+                    store.lose_trial(trial.id, f"the run broke: {reason}", worker=worker)
             store.transition(job_id, JobStatus.FAILED, reason=reason, worker=worker)
         except (LifecycleError, StoreError):
             pass

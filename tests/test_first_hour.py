@@ -179,6 +179,32 @@ def test_visible_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     assert count == 0 and "could not communicate" in how
 
 
+def test_a_ray_address_nothing_answers_at_is_one_line_before_a_job_exists(tmp_path: Path):
+    """`optico tune` with a dead Ray head: `error: launcher.address: ...`, exit 2, no pool written
+    (it was a job failed after Ray's 30 s client timeout, its trial left running)."""
+    import socket
+
+    from optico.errors import SpecError
+    from optico.launchers.preflight import _check_ray_address
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        _check_ray_address(f"ray://127.0.0.1:{port}")  # something answers: fine
+        _check_ray_address(f"127.0.0.1:{port}")
+    for bad in (f"ray://127.0.0.1:{port}", "127.0.0.1", "ray://:10001", "ray://h:notaport"):
+        with pytest.raises(SpecError) as given:
+            _check_ray_address(bad)
+        assert given.value.field == "launcher.address", bad
+    spec = tmp_path / "dead.yaml"
+    text = (EXAMPLES / "tiny-gpt-cpu.yaml").read_text().replace("address: local", f'address: "ray://127.0.0.1:{port}"')
+    spec.write_text(text)
+    refused = run_in_process(["tune", str(spec), "--launcher", "ray", "--database", f"sqlite:///{tmp_path / 'pool.db'}"])
+    assert refused.code == 2 and refused.stderr.startswith("error: launcher.address: no Ray cluster answers"), refused
+    assert len(refused.stderr.splitlines()) == 1 and not (tmp_path / "pool.db").exists()
+
+
 def test_impossible_launcher_measurement_is_a_failed_trial():
     from optico.plausible import checked_result
     from optico.spec import parse_spec

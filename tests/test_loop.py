@@ -195,6 +195,30 @@ class CrashingLauncher(Launcher):
         return {"kind": "crashing-sim"}
 
 
+class BrokenLauncher(CrashingLauncher):
+    """Its cluster goes away when trial `crash_at` starts (a launcher error, not a failed run)."""
+
+    async def launch(self, workload, strategy, *, trial_key, progress=None):
+        if trial_key.endswith(f"trial{self.crash_at}"):
+            raise ConnectionError("ray client connection timeout")
+        return await self.inner.launch(workload, strategy, trial_key=trial_key, progress=progress)
+
+
+def test_a_broken_run_fails_the_job_and_records_its_running_trial_lost(db_url: str):
+    from optico.launchers.factory import build_launcher
+
+    spec = load_spec(EXAMPLES / "llama3-8b-a100.yaml")
+    store = SqlStore(db_url)
+    job_id = store.create_job(spec)
+    run_job(store, db_url, job_id, launcher=BrokenLauncher(build_launcher(spec.launcher, spec.seed), crash_at=2))
+    job = store.get_job(job_id)
+    assert job.status.value == "failed" and "ConnectionError: ray client connection timeout" in job.stop_reason
+    trials = store.trials(job_id)
+    assert [t.status for t in trials] == [TrialStatus.OK, TrialStatus.LOST], trials
+    assert "ConnectionError" in trials[-1].failure.summary and job.lease_owner is None
+    store.close()
+
+
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_interrupted_job_resumes_on_both_backends(backend: str, request, tmp_path: Path):
     from optico.launchers.factory import build_launcher

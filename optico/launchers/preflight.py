@@ -16,14 +16,18 @@ import inspect
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from optico.errors import SpecError
 
 NVIDIA_SMI_TIMEOUT_S = 20.0
+RAY_CLIENT_PORT = 10001  # ray://host without a port
+RAY_CONNECT_TIMEOUT_S = 5.0
 
 
 def visible_gpus(env: Mapping[str, str]) -> tuple[int, str]:
@@ -102,11 +106,33 @@ def _check_run_dir(run_dir: str | None) -> None:
         raise SpecError("launcher.run_dir", f"cannot create {run_dir}: {folder} is not writable")
 
 
+def _check_ray_address(address: str | None) -> None:
+    """A named Ray cluster (ray://host:port, host:port) answers on its port: a dead head node is one
+    line before a job exists, not a job failed after Ray's 30 s client timeout."""
+    if address in (None, "auto", "local"):
+        return
+    client = address.startswith("ray://")
+    parsed = urlsplit(address if client else f"tcp://{address}")
+    try:
+        host, port = parsed.hostname, parsed.port or (RAY_CLIENT_PORT if client else None)
+    except ValueError:
+        host = port = None
+    if not host or not port:
+        raise SpecError("launcher.address", f"{address!r} is not auto, local, ray://host[:port] or host:port")
+    try:
+        socket.create_connection((host, port), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise SpecError("launcher.address", f"no Ray cluster answers at {address}: "
+                                            f"{exc.strerror or type(exc).__name__}") from None
+
+
 def _check_ray(spec, world: int) -> int | None:
-    """Ray importable, ray_init's keywords real; the logical GPUs ray_init declares, if any."""
+    """Ray importable, its cluster reachable, ray_init's keywords real; the logical GPUs ray_init
+    declares, if any."""
     if importlib.util.find_spec("ray") is None:
         raise SpecError("launcher.kind", "ray is not installed (pip install 'optico[ray]')")
     launcher = spec.launcher
+    _check_ray_address(launcher.address)
     if launcher.ray_init:
         import ray
 
