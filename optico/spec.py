@@ -31,6 +31,7 @@ from optico.rules import is_valid, violations
 from optico.safe_yaml import load_yaml
 from optico.search_space import SearchSpace
 from optico.strategy import Strategy, canonical_field, strategy_from_mapping
+from optico.textsafe import INVISIBLE
 from optico.workload import PRESETS, Cluster, Framework, ModelArch, Workload
 
 __all__ = ["Budget", "JobSpec", "LauncherSpec", "ReasonerSpec", "SpecError", "load_spec", "parse_spec",
@@ -54,7 +55,7 @@ MAX_GPU_HOURS = 1e9
 MAX_NAME_CHARS = 200
 MAX_PATH_CHARS = 4096
 # A name printed in every table and log line: any printable text, no control characters.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff]")
+_CONTROL = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f\\u202a-\\u202e\\u2066-\\u2069\\u2028\\u2029\\ud800-\\udfff{INVISIBLE}]")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -482,10 +483,12 @@ def _launcher(raw: Any) -> LauncherSpec:
     _check_limits(launcher, "launcher")
     if len(launcher.env) > MAX_ENV_VARS:
         raise SpecError("launcher.env", f"{len(launcher.env)} variables; at most {MAX_ENV_VARS}")
-    for name in launcher.env:
+    for name, value in launcher.env.items():
         if not ENV_NAME.fullmatch(name):
             raise SpecError("launcher.env", f"{name[:50]!r} is not an environment variable name "
                                             f"([A-Za-z_][A-Za-z0-9_]*)")
+        if _CONTROL.search(value):
+            raise SpecError(f"launcher.env.{name}", "holds a control, escape or invisible character")
     for key in ("data", "address", "run_dir", "framework_version"):
         _check_text(getattr(launcher, key), f"launcher.{key}")
     return launcher

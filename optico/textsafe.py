@@ -25,11 +25,15 @@ import re
 from rich.markup import escape as _rich_escape
 from rich.text import Text
 
+# Characters that change how text around them reads without showing themselves: bidi marks (LRM,
+# RLM, ALM), zero-width space, soft hyphen, word joiner and invisible operators, deprecated format
+# controls, BOM, interlinear annotations, tag characters. Zero-width (non-)joiners are not among
+# them: they are part of ordinary emoji and scripts (Persian, Indic).
+INVISIBLE = "\u00ad\u061c\u180e\u200b\u200e\u200f\u2060-\u2064\u206a-\u206f\ufeff\ufff9-\ufffb\U000e0000-\U000e007f"
 # C0 controls except TAB and LF, DEL, C1 controls; bidi embeddings, overrides and isolates;
 # line/paragraph separators (a terminal may treat them as newlines); lone surrogates (undecodable
-# bytes of a file name: no encoder takes them); zero-width joiners are left alone (they are part
-# of ordinary emoji and scripts).
-_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029\ufeff\ud800-\udfff]")
+# bytes of a file name: no encoder takes them); the invisible characters above.
+_UNSAFE = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f\\u202a-\\u202e\\u2066-\\u2069\\u2028\\u2029\\ud800-\\udfff{INVISIBLE}]")
 _NEWLINES = re.compile(r"\r\n|\r|\n")
 
 # Long enough for any name, path or diagnosis a person reads; the rest is elided, not wrapped
@@ -39,7 +43,7 @@ DEFAULT_MAX_CHARS = 2000
 
 def _visible(match: re.Match[str]) -> str:
     code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def clip(text: str, max_chars: int = DEFAULT_MAX_CHARS) -> str:

@@ -207,6 +207,9 @@ FIELD_CASES: list[tuple[str, Any, str]] = [
     ("name", "n" * 300, "name"),
     ("name", "\x1b]0;owned\x07\x1b[31mred", "name"),
     ("name", "right-to-left \u202e gpj.exe", "name"),
+    ("name", "mark \u200f\u061c\u200e reorders", "name"),  # bidi marks
+    ("name", "invisible\u200b\u2060\ufeff\u00ad\U000e0001", "name"),  # zero-width, soft hyphen, tag
+    ("launcher", {"env": {"X": "\x1b[31m"}}, "launcher.env.X"),
     ("name", 123, "name"),
     ("name", "", "name"),
     ("seed", -1, "seed"),

@@ -24,6 +24,9 @@ def test_terminal_text_shows_every_control_character_visibly():
     assert "\\x1b]0;pwned\\x07" in text and "\\u202e" in text and "[/x]" in text
     assert terminal_text("a\nb") == "a\nb" and terminal_text("a\nb", one_line=True) == "a\\nb"
     assert terminal_text("x" * 10_000, max_chars=100).endswith("[9900 more characters]")
+    # Invisible characters that reorder or hide text are shown; joiners of emoji and scripts are kept.
+    assert terminal_text("a\u200fb\u061c\u200b\ufeff\U000e0041") == "a\\u200fb\\u061c\\u200b\\ufeff\\U000e0041"
+    assert terminal_text("\u0646\u200c\u0645 \U0001f469\u200d\U0001f4bb") == "\u0646\u200c\u0645 \U0001f469\u200d\U0001f4bb"
 
 
 def test_markup_and_rich_text_render_literally():
