@@ -40,9 +40,11 @@ def token_list(database: Optional[str] = DatabaseOption) -> None:
     store, _ = open_store(database)
     with store:
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        table.add_column("name", overflow="fold")
+        # The name is what `token revoke` needs: folded, never squeezed out (beside columns that may not
+        # wrap, a narrow terminal gave it no width at all); dates wrap between day and time.
+        table.add_column("name", overflow="fold", min_width=12)
         for header in ("scope", "prefix", "created", "last used", "revoked"):
-            table.add_column(header, no_wrap=True)  # dates and prefixes read whole or not at all
+            table.add_column(header)
         for t in store.tokens():
             when = lambda d: d.strftime("%Y-%m-%d %H:%M") if d else "-"  # noqa: E731
             table.add_row(t.name, t.scope, t.prefix + "…", when(t.created_at), when(t.last_used_at),

@@ -17,7 +17,7 @@ def home(tmp_path, monkeypatch: pytest.MonkeyPatch):
     return tmp_path / "home"
 
 
-def test_create_list_revoke(home):
+def test_create_list_revoke(home, monkeypatch: pytest.MonkeyPatch):
     created = run_in_process(["token", "create", "ci-bot", "--scope", "write"])
     assert created.code == 0, created.stderr
     token = created.stdout.strip()
@@ -38,6 +38,15 @@ def test_create_list_revoke(home):
     assert revoked.code == 0, revoked.stderr
     with SqlStore(f"sqlite:///{home / 'optico.db'}") as store:
         assert store.authenticate(token) is None
+
+    # Every date column filled (created, revoked) on a narrow terminal: the name still shows whole.
+    with SqlStore(f"sqlite:///{home / 'optico.db'}") as store:
+        store.authenticate(run_in_process(["token", "create", "a-long-token-name-x", "--scope", "read"]).stdout.strip())
+    run_in_process(["token", "revoke", "a-long-token-name-x"])
+    for columns in ("80", "60"):
+        monkeypatch.setenv("COLUMNS", columns)
+        names = [line.split()[0] for line in run_in_process(["token", "list"]).stdout.splitlines()[2:] if line[:1] != " "]
+        assert "ci-bot" in names and "a-long-token-name-x" in "".join(names[1:]), names  # folded, whole
 
     unknown = run_in_process(["token", "revoke", "nobody"])
     assert unknown.code == 2 and unknown.stderr.startswith("error: token: no token named 'nobody'")
