@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from optico.pool.records import AgentMessage, JobRecord, JobStats, TokenRecord
 from optico.spec import MAX_GPU_HOURS, MAX_TRIALS
@@ -92,6 +92,12 @@ class BudgetPatch(BaseModel):
 
     max_trials: int | None = Field(None, ge=1, le=MAX_TRIALS)
     gpu_hours: float | None = Field(None, gt=0, le=MAX_GPU_HOURS)
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> "BudgetPatch":
+        if self.max_trials is None and self.gpu_hours is None:
+            raise ValueError("give max_trials or gpu_hours (or both)")  # else an event that changes nothing
+        return self
 
 
 class TokenView(_Public):

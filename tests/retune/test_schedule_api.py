@@ -89,6 +89,8 @@ def test_schedules_follow_the_api_conventions(make_service, tokens: dict[str, st
     assert one["history"] == [] and one["workload_key"] == view["workload_key"]
     assert reader.get("/api/v1/schedules/nope").status_code == 404
     assert writer.post("/api/v1/schedules/nope/run").status_code == 404
+    long_name = reader.get("/api/v1/schedules/" + "n" * 5000)
+    assert long_name.status_code == 404 and len(long_name.json()["detail"]) < 200  # not echoed whole
     due = writer.post("/api/v1/schedules/yaml/run")
     assert due.status_code == 202 and due.json()["next_fire_at"] < one["next_fire_at"]
     assert reader.get("/api/v1/schedules/yaml/events").json() == []

@@ -160,6 +160,7 @@ def test_stop_cancel_resume_and_budget_over_http(served: tuple[Service, dict[str
     assert patched.status_code == 200 and patched.json()["max_trials"] == 6
     assert http.patch(f"/api/v1/jobs/{job['id']}", json={"max_trials": 0}).status_code == 422
     assert http.patch(f"/api/v1/jobs/{job['id']}", json={"max_trails": 3}).status_code == 422
+    assert http.patch(f"/api/v1/jobs/{job['id']}", json={}).status_code == 422  # a change that changes nothing
     wait_for(lambda: len(http.get(f"/api/v1/jobs/{job['id']}/trials").json()) >= 2, what="trial 2")
     assert http.post(f"/api/v1/jobs/{job['id']}/stop").json()["status"] == "stopping"
     final = wait_for(lambda: (j := http.get(f"/api/v1/jobs/{job['id']}").json())["status"] == "succeeded" and j,

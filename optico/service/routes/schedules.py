@@ -165,7 +165,12 @@ def _known(name: str) -> Iterator[None]:
     try:
         yield
     except KeyError:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no schedule named {name!r}") from None
+        raise _no_schedule(name) from None
+
+
+def _no_schedule(name: str) -> HTTPException:
+    shown = repr(name) if len(name) <= 100 else f"{name[:100]!r}… ({len(name)} characters)"  # not echoed whole
+    return HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no schedule named {shown}")
 
 
 def _schedule(store, name: str) -> ScheduleRecord:
@@ -225,7 +230,7 @@ def run_schedule(name: str, store: StoreDep, _: WriteToken) -> ScheduleView:
     try:
         record = store.fire_now(name)
     except KeyError:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no schedule named {name!r}") from None
+        raise _no_schedule(name) from None
     return ScheduleView(**schedule_view(record, store.db_now()))
 
 
