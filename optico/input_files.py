@@ -89,6 +89,7 @@ def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") 
     workload, none inside the search space, or a measurement impossible on the declared GPU
     (MFU above 100 % of its peak, peak memory above its capacity, a time or rate that is not
     positive). Errors name the file and, for a row, its line."""
+    from optico.replay_cells import canonical_header
     from optico.replay_csv import COLUMNS, IMPOSSIBLE, MAX_CSV_BYTES, MAX_CSV_ROWS, matches, read_replay_csv
 
     text = read_text(path, field, "replay CSV", MAX_CSV_BYTES)
@@ -101,7 +102,7 @@ def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") 
     if count > MAX_CSV_ROWS:
         raise SpecError(field, f"{path.name} has more than {MAX_CSV_ROWS:,} rows; a replay CSV may have at most "
                                f"{MAX_CSV_ROWS:,}")
-    present = [c for c in COLUMNS if c in header]
+    present = [c for c in COLUMNS if c in {canonical_header(h) for h in header}]  # 'Model', 'TP' as the reader takes them
     if not present:
         raise SpecError(field, f"{path.name} is not a replay CSV: its first line names none of the format's "
                                f"columns ({', '.join(COLUMNS[:4])}, ...; see docs/launchers.md)")

@@ -159,9 +159,11 @@ _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 _SCALE = {"k": 1e3, "m": 1e6, "b": 1e9}
 
 
-def parse_number(cell: str | None, unit: str = "") -> Any:
+def parse_number(cell: str | None, unit: str = "", header_unit: str = "") -> Any:
     """A number as tables write it: '1,234.5', '~12', '45%', '39.9k', '850 ms', '80 GB'. `unit`
-    says what the column holds ('s', 'gib', 'fraction'); a unit in the cell is converted to it."""
+    says what the column holds ('s', 'gib', 'fraction'); a unit in the cell is converted to it,
+    else the unit its header states (`header_unit`: 'Step time (ms)', 'MFU (%)'), once: a cell
+    '850 ms' under 'Step time (ms)' is 0.85 s, not 0.00085."""
     text = _text(cell)
     if is_unknown(text):
         return UNKNOWN
@@ -176,6 +178,8 @@ def parse_number(cell: str | None, unit: str = "") -> Any:
     if rest[:1] in _SCALE and not rest.startswith(("mb", "ms", "min", "gb", "gib", "mib", "b/")):
         value *= _SCALE[rest[0]]
         rest = rest[1:].strip()
+    if not rest:
+        rest = header_unit.strip().lower()
     if unit == "s":
         if rest.startswith("ms"):
             value /= 1000.0
@@ -187,7 +191,10 @@ def parse_number(cell: str | None, unit: str = "") -> Any:
         elif rest.startswith("gb") and not rest.startswith("gib"):
             value *= 1e9 / 2**30 if "decimal" in rest else 1.0  # tables mean GiB by "GB" almost always
     elif unit == "fraction":
-        if rest.startswith("%") or value > 1.5:  # MFU written as a percentage
+        # A percentage by its cell or header; a bare number above 1.5 can only be one (a fraction
+        # that large is impossible). Under a '%' header 0.97 is 0.97 %: Megatron-LM's CI tables of
+        # small models on large GPUs sit below 1 %.
+        if rest.startswith("%") or (not rest and value > 1.5):
             value /= 100.0
     return value
 
@@ -215,7 +222,8 @@ _HEADER_SYNONYMS: dict[str, tuple[str, ...]] = {
     "num_experts": ("experts", "n_experts", "num_moe_experts", "moe_experts"),
     "topk": ("top_k", "moe_topk", "moe_router_topk", "router_topk"),
     "gpu": ("gpu_type", "accelerator", "device", "hardware", "system"),
-    "num_gpus": ("gpus", "n_gpus", "num_gpu", "world_size", "ngpus", "gpu_count", "#_gpus", "#gpus"),
+    "num_gpus": ("gpus", "n_gpus", "num_gpu", "world_size", "ngpus", "gpu_count", "#_gpus", "#gpus", "number_of_gpus",
+                 "num_of_gpus", "total_gpus"),
     "dp": ("data_parallel", "data_parallel_size", "dp_size"),
     "gbs": ("global_batch_size", "global_batch", "batch_size"),
     "mbs": ("micro_batch_size", "micro_batch"),
@@ -230,18 +238,25 @@ _HEADER_SYNONYMS: dict[str, tuple[str, ...]] = {
                        "model_tflop_sec_gpu", "throughput_tflops"),
     "mfu": ("model_flops_utilization",),
     "step_time_s": ("step_time", "iteration_time", "time_per_step", "iter_time", "step_time_sec",
-                    "time_per_iteration", "elapsed_time_per_iteration"),
+                    "time_per_iteration", "elapsed_time_per_iteration", "latency", "iteration_latency",
+                    "step_latency"),
     "tokens_per_s_per_gpu": ("tgs", "tokens_per_sec_per_gpu", "tokens_s_gpu", "tokens_per_second_per_gpu",
-                             "throughput_per_gpu"),
+                             "throughput_per_gpu", "tokens_sec_gpu", "tokens_second_gpu", "tok_s_gpu"),
     "mem_max_gib": ("memmax", "max_memory", "peak_memory", "mem_max", "memory", "mem_gib", "max_mem", "mem_max_gb",
-                    "peak_mem"),
+                    "peak_mem", "mem", "max_memory_allocated", "max_memory_reserved", "peak_memory_usage", "memory_usage"),
+    # Parallel sizes as tables spell them out ("Tensor Parallel", "VP"); the knob registry names the rest.
+    "tp": ("tensor_parallel", "tensor_parallelism", "tensor_parallel_size", "tp_size"),
+    "pp": ("pipeline_parallel", "pipeline_parallelism", "pipeline_parallel_size", "pp_size"),
+    "cp": ("context_parallel", "context_parallelism", "context_parallel_size", "cp_size"),
+    "ep": ("expert_parallel", "expert_parallelism", "expert_parallel_size", "ep_size"),
+    "vpp": ("vp", "virtual_pipeline", "virtual_pipeline_parallel", "virtual_pipeline_size", "vp_size"),
     "source": ("reference", "ref", "citation", "url"),
     "notes": ("note", "comment", "comments", "remarks"),
 }
 
 
 def _key(header: str) -> str:
-    text = re.sub(r"\(.*?\)", "", header).strip().lower()
+    text = re.sub(r"\(.*?\)|\[.*?\]|%", "", header).strip().lower()
     return re.sub(r"[\s\-/.]+", "_", text).strip("_")
 
 
@@ -249,6 +264,10 @@ def canonical_header(header: str) -> str | None:
     """The replay column a header names ('TP' -> tp, 'Micro Batch Size' -> mbs, 'MFU (%)' -> mfu,
     'expert_tensor_parallel_size' -> etp), or None for a column the format does not know."""
     key = _key(header)
+    if key == "throughput":  # by what its unit counts: 'Throughput (TFLOP/s/GPU)', 'Throughput (tokens/s/GPU)'
+        unit = header_unit(header)
+        return "tflops_per_gpu" if "flop" in unit else "tokens_per_s_per_gpu" if "tok" in unit and "gpu" in unit \
+            else None
     if key in _HEADER_SYNONYMS:
         return key
     for column, names in _HEADER_SYNONYMS.items():
@@ -261,6 +280,9 @@ def canonical_header(header: str) -> str | None:
 
 
 def header_unit(header: str) -> str:
-    """The unit a header states in parentheses ('step time (ms)' -> 'ms'), lower-cased."""
-    found = re.search(r"\(([^)]*)\)", header)
-    return found.group(1).strip().lower() if found else ""
+    """The unit a header states in parentheses or brackets ('step time (ms)' -> 'ms', 'Peak memory
+    [GiB]' -> 'gib'), or '%' for 'MFU %'; lower-cased."""
+    found = re.search(r"\(([^)]*)\)|\[([^\]]*)\]", header)
+    if found:
+        return (found.group(1) if found.group(1) is not None else found.group(2)).strip().lower()
+    return "%" if "%" in header else ""

@@ -366,19 +366,11 @@ class _Parse:
         unit = _MEASURED_UNITS.get(name, "")
         given = self.units.get(name, "")
         try:
-            value = parse_number(self.cells.get(name), unit)
+            value = parse_number(self.cells.get(name), unit, given)
         except CellError as err:
             self.inferred.append(f"{name} {err} (read as unknown)")
             return None
-        if value is UNKNOWN:
-            return None
-        if name == "step_time_s" and given == "ms":
-            value /= 1000.0
-        if name == "mem_max_gib" and given in ("mb", "mib"):
-            value /= 1024.0
-        if name == "mfu" and given == "%" and value > 1.5:
-            value /= 100.0
-        return value
+        return None if value is UNKNOWN else value
 
 
 def _build_model(p: _Parse, ints: dict[str, int | None], args: dict[str, str] | None) -> ModelArch | None:
@@ -803,35 +795,46 @@ def _read_rows(path: Path, defaults: ReplayDefaults, strict: bool) -> tuple[list
     report = FileReport(file=path.name)
     rows: list[ReplayRow] = []
     with path.open(newline="", encoding="utf-8-sig") as handle:
-        reader = csv.DictReader(handle)
-        header = [h for h in (reader.fieldnames or []) if h is not None]
-        mapping: dict[str, str] = {}
+        # csv.reader, not DictReader: it yields blank lines (so file:line stays right after them) and
+        # leaves a record's extra fields visible (an unquoted "4,064" shifts every cell after it).
+        reader = csv.reader(handle)
+        header = next((record for record in reader if record), [])
+        columns: list[str | None] = []  # per field of a record: its replay column, or None
         units: dict[str, str] = {}
         for h in header:
             column = canonical_header(h)
-            if column is None or column in mapping.values():
+            if column is None or column in columns:
                 report.ignored_columns.append(h)
+                columns.append(None)
                 continue
-            mapping[h] = column
+            columns.append(column)
             units[column] = header_unit(h)
             if h != column:
                 report.renamed_columns[h] = column
-        known = set(mapping.values())
+        known = set(columns) - {None}
         if "model" not in known and not known & set(ARCHITECTURE):
             raise ReplayError(f"{path}: not a replay table: no model or architecture column among "
                               f"{', '.join(header) or 'no header'} (DESIGN.md, 'Replay CSV format')")
         report.missing_columns = [c for c in COLUMNS if c not in known]
-        start = reader.line_num + 1
-        for raw in reader:
+        while True:
+            start = reader.line_num + 1
+            record = next(reader, None)
+            if record is None:
+                break
+            if not any(cell.strip() for cell in record):
+                continue  # a blank line
             if len(rows) >= MAX_CSV_ROWS:
                 raise ReplayError(f"{path}: more than {MAX_CSV_ROWS:,} rows; a replay CSV may have at most that")
-            cells = {mapping[k]: (v or "") for k, v in raw.items() if k in mapping}
+            cells = {column: value for column, value in zip(columns, record) if column is not None}
             row = parse_row(cells, path.name, start, defaults, units)
+            if len(record) > len(header):
+                shifted = (f"{len(record)} fields against the header's {len(header)} (an unquoted comma in a "
+                           f"cell shifts every cell after it)")
+                row = row.model_copy(update={"skip_reason": "; ".join(filter(None, [shifted, row.skip_reason]))})
             if strict and not row.read:
                 raise ReplayError(f"{row.where}: {row.skip_reason}")
             rows.append(row)
             report.add(row)
-            start = reader.line_num + 1
     return rows, report
 
 

@@ -406,6 +406,72 @@ def test_headers_as_sources_write_them(tmp_path: Path) -> None:
     assert report.renamed_columns["Micro Batch Size"] == "mbs" and report.renamed_columns["MFU (%)"] == "mfu"
 
 
+HEADER = ("Model,Layers,Hidden,Heads,KV Heads,FFN,Vocab,Seq Len,GPU Type,GPUs,TP,PP,Micro Batch Size,"
+          "Global Batch Size,Status")
+
+
+@pytest.mark.parametrize(("header", "cell", "field", "value"), [
+    ("Step Time (ms)", "30000 ms", "step_time_s", 30.0),  # a unit in both header and cell: converted once
+    ("Step Time (ms)", "30 s", "step_time_s", 30.0),  # the cell's own unit wins
+    ("Iteration time [s]", "30", "step_time_s", 30.0),
+    ("Latency (ms)", "30000", "step_time_s", 30.0),
+    ("MemMax (MiB)", "61440 MiB", "mem_max_gib", 60.0),
+    ("Peak memory [GiB]", "60", "mem_max_gib", 60.0),
+    ("Max memory allocated (MiB)", "61440", "mem_max_gib", 60.0),
+    ("MFU (%)", "0.97", "mfu", 0.0097),  # a '%' header is a percentage, also below 1.5 (small models' CI runs)
+    ("MFU %", "45", "mfu", 0.45),
+    ("MFU%", "0.5", "mfu", 0.005),
+    ("MFU [%]", "45.3%", "mfu", 0.453),
+    ("MFU", "45.3", "mfu", 0.453),  # bare: a value above 1.5 can only be a percentage
+    ("MFU", "0.453", "mfu", 0.453),
+    ("Throughput (TFLOP/s/GPU)", "180", "tflops_per_gpu", 180.0),
+    ("Throughput (tokens/s/GPU)", "\"3,900\"", "tokens_per_s_per_gpu", 3900.0),
+    ("Tokens / sec / GPU", "3.9k", "tokens_per_s_per_gpu", 3900.0),
+])
+def test_measurements_under_the_headers_and_units_tables_use(tmp_path: Path, header: str, cell: str, field: str,
+                                                             value: float) -> None:
+    path = tmp_path / "u.csv"
+    path.write_text(f"{HEADER},{header}\nLlama3-8B,32,4096,32,8,14336,128256,8192,A100-80GB,8,2,1,1,128,ok,{cell}\n")
+    rows, report = read_replay_file(path)
+    assert header not in report.ignored_columns
+    assert getattr(rows[0], field) == pytest.approx(value), (header, cell, rows[0].skip_reason)
+
+
+def test_spelled_out_parallel_headers_and_an_ambiguous_throughput(tmp_path: Path) -> None:
+    path = tmp_path / "p.csv"
+    path.write_text("Model,Seq Len,GPU,Number of GPUs,Tensor Parallel,Pipeline Parallel,VP,MBS,GBS,Status,Throughput\n"
+                    "Llama3-8B,8192,H100,16,2,2,2,1,128,ok,123\n")
+    rows, report = read_replay_file(path)
+    s = rows[0].strategy
+    assert (s.tp, s.pp, s.vpp, rows[0].workload.world_size) == (2, 2, 2, 16), rows[0].skip_reason
+    assert "Throughput" in report.ignored_columns  # tokens, TFLOP/s or samples: no unit, not guessed
+
+
+def test_a_row_with_more_fields_than_the_header_is_skipped_and_lines_count_blank_ones(tmp_path: Path) -> None:
+    """An unquoted '4,064' shifts every cell after it: the row is skipped, not read shifted; and a
+    row's file:line counts the blank lines above it."""
+    path = tmp_path / "e.csv"
+    path.write_text(f"{HEADER},Tokens/s/GPU,Mem (GiB)\n\n"
+                    "Llama3-8B,32,4096,32,8,14336,128256,8192,A100-80GB,8,2,1,1,128,ok,4,064,55.69\n\n\n"
+                    "Llama3-8B,32,4096,32,8,14336,128256,8192,A100-80GB,8,2,1,1,128,ok,\"4,064\",55.69\n")
+    shifted, good = read_replay_csv(path)
+    assert shifted.line == 3 and not shifted.read and "18 fields against the header's 17" in shifted.skip_reason
+    assert good.line == 6 and good.usable and good.tokens_per_s_per_gpu == 4064 and good.mem_max_gib == 55.69
+
+
+def test_the_spec_check_takes_the_headers_the_reader_takes(tmp_path: Path) -> None:
+    """`tune`'s load-time check of a replay table reads headers as the reader does ('Model', 'TP')."""
+    from optico.spec import load_spec
+
+    table = tmp_path / "t.csv"
+    lines = PACKAGED.read_text().splitlines()
+    table.write_text("\n".join([lines[0].replace("model,", "Model,").replace(",tp,", ",TP,"), *lines[1:]]) + "\n")
+    spec = tmp_path / "s.yaml"
+    spec.write_text((REPO / "examples" / "llama3-8b-a100-replay.yaml").read_text()
+                    .replace("../optico/data/optico_llama3_8b_a100.csv", str(table)))
+    assert load_spec(spec).launcher.data == str(table)
+
+
 def test_presets_by_name_and_notes(tmp_path: Path) -> None:
     nh = one(tmp_path, model="Nemotron-H 56b FP8", num_layers="", hidden_size="", num_attention_heads="",
              num_query_groups="", ffn_hidden_size="", vocab_size="", tp="8", num_gpus="32", gbs="96",
