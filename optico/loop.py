@@ -135,7 +135,9 @@ def seed(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
         strategy, why = ctx.spec.baseline, "baseline from the spec (the expert's configuration)"
     else:
         strategy, why = start_configuration(ctx.pool, ctx.model, ctx.prior)
-    _say(ctx, job_id, 1, "seed", "seed", {"strategy": strategy.model_dump(mode="json")}, why)
+    _say(ctx, job_id, 1, "seed", "seed", {"strategy": strategy.model_dump(mode="json") if strategy else None}, why)
+    if strategy is None:
+        return {"candidate": None, "stop_reason": why, "next_index": 1}
     return {"candidate": strategy.model_dump(mode="json"), "rationale": why, "retry": False, "next_index": 1}
 
 
@@ -317,8 +319,10 @@ def finish(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
 
 
 def complete_job(store: Store, job_id: int, worker: str, reason: str, *, on_event: EventSink | None = None) -> None:
-    """Marks the job succeeded with `reason` (unless it was cancelled meanwhile) and says so.
-    Safe to repeat: the runner calls it again when a resumed graph had nothing left to run."""
+    """Marks the job succeeded with `reason` (unless it was cancelled meanwhile) and says so; failed
+    when no trial succeeded (nothing fits, every launch failed): a tuning job that measured nothing
+    found nothing, and scripts read the status. Safe to repeat: the runner calls it again when a
+    resumed graph had nothing left to run."""
     job = store.get_job(job_id)
     if job.status not in (JobStatus.RUNNING, JobStatus.STOPPING):
         return
@@ -326,9 +330,10 @@ def complete_job(store: Store, job_id: int, worker: str, reason: str, *, on_even
     best = _best(trials)
     if best:
         store.set_best_trial(job_id, best.id, worker=worker)
-    event = JobFinished(status=JobStatus.SUCCEEDED.value, stop_reason=reason, trials=len(trials),
+    outcome = JobStatus.SUCCEEDED if best else JobStatus.FAILED
+    event = JobFinished(status=outcome.value, stop_reason=reason, trials=len(trials),
                         best_mfu=best.mfu if best else None)
-    store.transition(job_id, JobStatus.SUCCEEDED, reason=reason, worker=worker, then=event)
+    store.transition(job_id, outcome, reason=reason, worker=worker, then=event)
     if on_event:
         on_event(event.kind, event.model_dump(mode="json"))
 
@@ -347,7 +352,7 @@ def after_record(state: LoopState) -> Literal["finish", "validate", "analyze"]:
     return "validate" if state.get("retry") else "analyze"
 
 
-def after_guard(state: LoopState) -> Literal["validate", "finish"]:
+def launch_or_finish(state: LoopState) -> Literal["validate", "finish"]:
     return "finish" if state.get("stop_reason") else "validate"
 
 
@@ -357,13 +362,13 @@ def build_graph() -> StateGraph:
                      ("analyze", analyze), ("generate", generate), ("guard", guard), ("finish", finish)]:
         g.add_node(name, fn)
     g.add_edge(START, "seed")
-    g.add_edge("seed", "validate")
+    g.add_conditional_edges("seed", launch_or_finish, {"validate": "validate", "finish": "finish"})
     g.add_conditional_edges("validate", after_validate, {"diagnose": "diagnose", "record": "record"})
     g.add_edge("diagnose", "record")
     g.add_conditional_edges("record", after_record, {"finish": "finish", "validate": "validate",
                                                      "analyze": "analyze"})
     g.add_edge("analyze", "generate")
     g.add_edge("generate", "guard")
-    g.add_conditional_edges("guard", after_guard, {"validate": "validate", "finish": "finish"})
+    g.add_conditional_edges("guard", launch_or_finish, {"validate": "validate", "finish": "finish"})
     g.add_edge("finish", END)
     return g

@@ -32,3 +32,29 @@ def test_warm_start_reruns_the_best_configuration_earlier_jobs_measured():
     choice, why = start_configuration(pool, model, earlier)
     assert choice == pool[1] != cold
     assert why.startswith("warm start")
+
+
+def test_nothing_fitting_is_no_launch_and_a_failed_job_naming_the_smallest_memory(tmp_path):
+    """A 126-layer, 16K-hidden model on 64 H100s: every layout of the default space needs several times
+    a GPU's memory. The job launches nothing (it launched the fastest of them, on 64 GPUs, and then
+    said `succeeded`) and fails naming the smallest predicted memory."""
+    from optico.pool.store import SqlStore
+    from optico.runner import run_job
+    from optico.spec import parse_spec_text
+
+    spec = parse_spec_text(
+        "name: too-big\n"
+        "workload:\n"
+        "  model: {name: big, num_layers: 126, hidden_size: 16384, num_attention_heads: 128, num_query_groups: 8,\n"
+        "          ffn_hidden_size: 53248, vocab_size: 128256, swiglu: true}\n"
+        "  seq_length: 8192\n  global_batch_size: 512\n  precision: bf16\n"
+        "  cluster: {gpu: h100-sxm, gpus_per_node: 8, nodes: 8}\n"
+        "budget: {max_trials: 5}\n")
+    url = f"sqlite:///{tmp_path / 'pool.db'}"
+    with SqlStore(url) as store:
+        job_id = store.create_job(spec)
+        run_job(store, url, job_id)
+        job = store.get_job(job_id)
+        assert store.trials(job_id) == []
+        assert job.status.value == "failed" and job.stop_reason.startswith(
+            "no configuration in the search space is expected to fit: the smallest predicted peak memory is")
