@@ -7,7 +7,8 @@ Known secret values come from
 - values registered at run time (`register`): an LLM key from settings, a secret in a spec's
   `launcher.env`, a token just minted.
 Besides the known values, anything shaped like a credential is masked: `sk-...` keys,
-`Bearer ...`, `api_key=...`, `user:password@` in URLs.
+`Bearer ...`, `api_key=...`, `user:password@` in URLs, and the well-known token formats of GitHub
+(`ghp_...`), Hugging Face (`hf_...`), AWS access key ids, Slack, Google API keys, GitLab, npm, PyPI.
 
 Redact first, then truncate: a secret cut in half by truncation would no longer match.
 """
@@ -33,6 +34,14 @@ _SHAPES = [
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9_\-.=~+/]{8,}"),
     re.compile(r"(?i)(api[-_]?key[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9_\-.]{8,}"),
     re.compile(r"(?<=://)[^/@\s:]+:[^/@\s]+(?=@)"),
+    # Well-known token formats a log or a spec may carry under any name: GitHub, Hugging Face, AWS
+    # access key ids, Slack, Google API keys, GitLab, npm, PyPI.
+    re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})"),
+    re.compile(r"\bhf_[A-Za-z0-9]{30,}"),
+    re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
+    re.compile(r"\bxox[abprs]-[A-Za-z0-9\-]{10,}"),
+    re.compile(r"\bAIza[A-Za-z0-9_\-]{35}"),
+    re.compile(r"\b(?:glpat-[A-Za-z0-9_\-]{20,}|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_\-]{50,})"),
 ]
 _MIN_SECRET_LEN = 4  # shorter values would mask ordinary words and numbers
 

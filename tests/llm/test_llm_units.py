@@ -217,6 +217,18 @@ def test_redactor_scrubs_the_key_and_credential_shapes():
     assert scrubbed["n"] == 3
 
 
+def test_well_known_token_formats_are_masked_under_any_name():
+    """A spec's env `FOO: ghp_...` or a log line with a Hugging Face token: masked by shape."""
+    from optico.redact import redact
+
+    tokens = ["ghp_" + "a1" * 18, "github_pat_" + "B_" * 21, "hf_" + "c" * 34, "AKIAIOSFODNN7EXAMPLE",
+              "xoxb-1234567890-abcdef", "AIza" + "d" * 35, "glpat-" + "e" * 20, "npm_" + "f" * 36, "pypi-" + "g" * 60]
+    for token in tokens:
+        assert redact(f"FOO={token} and more") == "FOO=*** and more", token
+    for ordinary in ("hf_hub_download", "ghp_short", "AKIA in a sentence", "the sha is 3f2a9c"):
+        assert redact(ordinary) == ordinary
+
+
 def test_retry_after_header_forms():
     class Resp:
         def __init__(self, headers):
