@@ -14,6 +14,7 @@ from typing import Any
 from optico.agents.fallback import decided_by, llm_usage
 from optico.pool.contract import Store
 from optico.strategy import Strategy
+from optico.textsafe import terminal_text
 from optico.trial import Trial, TrialStatus
 
 
@@ -131,7 +132,7 @@ def launch_script(job_name: str, workload_text: str, strategy: Strategy, *, glob
     flags = flag_groups(strategy.megatron_args())
     lines = [
         "#!/usr/bin/env bash",
-        f"# OptiCo: {job_name} — {workload_text}",
+        f"# OptiCo: {terminal_text(job_name, one_line=True)} — {workload_text}",  # a comment line: nothing can end it
         *([f"# {note}"] if note else []),
         "# Add your model, data, tokenizer and checkpoint flags where marked.",
         "set -euo pipefail",
@@ -219,9 +220,12 @@ def _pct(x: float | None) -> str:
 
 
 def _md(text: str | None) -> str:
-    """Untrusted text in a Markdown table cell: one line, no pipes, no HTML."""
-    flat = " ".join((text or "").split())
-    return flat.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("`", "'")
+    """Untrusted text in a Markdown line or table cell: one line; control, escape and bidi characters
+    shown as visible escapes (a report is read in terminals too); no pipes, no HTML, no links."""
+    flat = terminal_text(" ".join((text or "").split()), one_line=True)
+    for char in ("\\", "|", "[", "]"):
+        flat = flat.replace(char, "\\" + char)
+    return flat.replace("<", "&lt;").replace(">", "&gt;").replace("`", "'")
 
 
 def report_markdown(report: dict[str, Any]) -> str:

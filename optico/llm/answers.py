@@ -55,6 +55,9 @@ def _field(name: Any, space: SearchSpace, errors: list[str], where: str) -> str 
     return field
 
 
+_ABSENT = object()
+
+
 def _tunable_value(field: str, raw: Any, space: SearchSpace, errors: list[str], where: str) -> tuple[bool, Any]:
     """(ok, value): `raw` coerced for `field` and checked against its domain."""
     if field not in space.tunables:
@@ -63,11 +66,16 @@ def _tunable_value(field: str, raw: Any, space: SearchSpace, errors: list[str], 
         return False, None
     value = coerce_value(field, raw)
     domain = [coerce_value(field, v) for v in space.tunables[field]]
-    if value not in domain:
-        errors.append(f"{where}: {paper(field)}={display_value(field, value)} is outside the search space "
+    # By type as well as value: in Python True == 1 and 2.0 == 2, and a spec refuses both (a JSON
+    # schema the server may not enforce says the same).
+    found = next((v for v in domain if type(v) is type(value) and v == value), _ABSENT)
+    if found is _ABSENT:
+        shown = display_value(field, value) if isinstance(value, (str, int, float, bool, type(None))) \
+            else f"{type(value).__name__} {str(value)[:40]}"
+        errors.append(f"{where}: {paper(field)}={shown} is outside the search space "
                       f"(allowed: {', '.join(display_value(field, v) for v in domain)})")
         return False, None
-    return True, value
+    return True, found
 
 
 def _fail(errors: list[str]) -> None:
@@ -164,8 +172,8 @@ def analysis_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpac
             changes=[Change(param=f, old=getattr(reference, f), new=v) for f, v in changes.items()],
             reason=str(item["reason"])[:400], expected_effect=str(item["expected_effect"])[:200], kind=kind))
     _fail(errors)
-    return AnalysisAnswer(health=health, health_reason=str(reason)[:300], bottleneck=bottleneck,
-                          suggestions=suggestions, directive=str(directive)[:160])
+    return AnalysisAnswer(health=health, health_reason=clean(str(reason))[:300], bottleneck=bottleneck,
+                          suggestions=suggestions, directive=clean(str(directive))[:160])
 
 
 # -- generation --------------------------------------------------------------------------------
@@ -247,8 +255,8 @@ def generation_answer(data: dict[str, Any] | None, text: str, *, space: SearchSp
         if strategy.signature() in seen:
             continue
         seen.add(strategy.signature())
-        out.append(ProposalAnswer(strategy=strategy, justification=why.strip()[:400],
-                                  expected_impact=impact.strip()[:200], confidence=confidence))
+        out.append(ProposalAnswer(strategy=strategy, justification=clean(why).strip()[:400],
+                                  expected_impact=clean(impact).strip()[:200], confidence=confidence))
     _fail(errors)
     return out
 
@@ -368,7 +376,7 @@ def failure_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpace
         body = f"Potential underlying issue: {body or category.value}"
     granted = retry and refused is None
     tail = f" (Confidence: {confidence})" if confidence is not None else ""
-    summary = f"{clip_words(body, SUMMARY_WORDS - 3)}{tail}"  # 27 + "..." + 2
+    summary = f"{clip_words(clean(body), SUMMARY_WORDS - 3)}{tail}"  # 27 + "..." + 2
     failure = Failure(category=category, summary=summary, params=[] if retry else params[:3],
                       confidence=confidence if confidence is not None else 0, retry=granted, log_excerpt=excerpt)
     return FailureVerdict(failure=failure, retry_refused=refused)

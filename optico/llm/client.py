@@ -1,6 +1,9 @@
 """One Chat Completions call with the policies around it.
 
-- Transport: the `openai` package (AzureOpenAI for provider=azure), its own retries off.
+- Transport: the `openai` package (AzureOpenAI for provider=azure), its own retries off, over an
+  HTTP client that bounds each response in time and size and follows no redirect
+  (`optico.llm.transport`); an answer longer than the tokens asked for allow is cut off
+  (`AnswerTooLong`) and not retried.
   Answers are streamed (`stream_options.include_usage`): when an attempt times out the
   stream is closed, and llama.cpp's server (llama-cpp-python checks for a disconnected
   client after every token) and vLLM stop generating, so an abandoned answer never
@@ -43,6 +46,7 @@ from optico.llm.audit import Redactor
 from optico.redact import known_secrets, register
 from optico.llm.history import estimate_tokens
 from optico.llm.settings import LLMSettings
+from optico.llm.transport import bounded_http_client, http_library
 
 _DOWNGRADE = {"json_schema": "json_object_schema", "json_object_schema": "json_object", "json_object": "text"}
 # An error that names the response format refuses the format, whatever its status code.
@@ -91,6 +95,15 @@ class EndpointError(RuntimeError):
                  retries: list[dict[str, Any]] | None = None):
         super().__init__(message)
         self.attempts, self.latency_s, self.retries = attempts, latency_s, retries or []
+
+
+# Characters of an answer (content and reasoning) per completion token asked for: a token is about
+# four characters; 16 leaves room for any tokenizer. A server that ignores max_tokens is cut there.
+CHARS_PER_TOKEN = 16
+
+
+class AnswerTooLong(openai.OpenAIError):
+    """The endpoint answered past the tokens asked for: not retried (it would again); the agent falls back."""
 
 
 def refuses_format(exc: BaseException) -> bool:
@@ -188,12 +201,13 @@ class ChatClient:
                 raise ValueError("OPTICO_LLM_API_KEY (or OPENAI_API_KEY) is not set: Azure OpenAI needs the "
                                  "resource's key")
             return openai.AzureOpenAI(azure_endpoint=s.base_url, api_version=s.api_version, api_key=key,
-                                      timeout=s.timeout_s, max_retries=0)
+                                      timeout=s.timeout_s, max_retries=0, http_client=bounded_http_client(s.timeout_s))
         if not key and not s.base_url:
             raise ValueError("OPTICO_LLM_API_KEY (or OPENAI_API_KEY) is not set: api.openai.com needs a key; "
                              "for a local server set OPTICO_LLM_BASE_URL")
         # Local servers (vLLM, SGLang, Ollama, llama.cpp) ignore the key, but the client needs one.
-        return openai.OpenAI(base_url=s.base_url, api_key=key or "no-key", timeout=s.timeout_s, max_retries=0)
+        return openai.OpenAI(base_url=s.base_url, api_key=key or "no-key", timeout=s.timeout_s, max_retries=0,
+                             http_client=bounded_http_client(s.timeout_s))
 
     @property
     def mode(self) -> str:
@@ -231,11 +245,12 @@ class ChatClient:
             kwargs = self._kwargs(mode, schema, name, max_tokens)
             if extra:
                 kwargs["extra_body"] = extra
+            max_chars = max_tokens * CHARS_PER_TOKEN
             try:
                 if s.stream:
-                    return mode, self._streamed(messages, kwargs)
+                    return mode, self._streamed(messages, kwargs, max_chars)
                 response = self._client.chat.completions.create(model=self.model, messages=messages, **kwargs)
-                return mode, self._whole(response)
+                return mode, self._whole(response, max_chars)
             except openai.APIStatusError as exc:
                 if mode == "text" or s.structured_output != "auto" or not refuses_format(exc):
                     raise
@@ -246,14 +261,15 @@ class ChatClient:
                                                 f"now {self.facts.mode}")
                 notes.append(self.facts.notes[-1])
 
-    def _streamed(self, messages: list[dict[str, str]], kwargs: dict[str, Any]) -> _Answer:
+    def _streamed(self, messages: list[dict[str, str]], kwargs: dict[str, Any], max_chars: int) -> _Answer:
         deadline = self._clock() + self.settings.timeout_s
         stream = self._client.chat.completions.create(model=self.model, messages=messages, stream=True,
                                                       stream_options={"include_usage": True}, **kwargs)
         parts: list[str] = []
         thinking: list[str] = []
         model = finish = usage = None
-        chunks = 0
+        chunks = size = 0
+        http = http_library()
         try:
             for chunk in stream:
                 model = getattr(chunk, "model", None) or model
@@ -262,14 +278,23 @@ class ChatClient:
                     delta = choice.delta
                     if delta is not None and delta.content:
                         parts.append(delta.content)
+                        size += len(delta.content)
                         chunks += 1
                     extra = (delta.model_extra or {}) if delta is not None else {}
                     thought = extra.get("reasoning_content") or extra.get("reasoning")
                     if thought:
                         thinking.append(str(thought))
+                        size += len(str(thought))
                     finish = choice.finish_reason or finish
+                if size > max_chars:
+                    raise AnswerTooLong(f"the answer passed {max_chars:,} characters, more than the "
+                                        f"{max_chars // CHARS_PER_TOKEN:,} tokens asked for allow")
                 if self._clock() > deadline:
                     raise openai.APITimeoutError(request=stream.response.request)
+        except http.TimeoutException:  # the transport's deadline (optico.llm.transport)
+            raise openai.APITimeoutError(request=stream.response.request) from None
+        except http.HTTPError as exc:  # its size cap, or the connection dropped mid-answer
+            raise openai.APIConnectionError(message=str(exc), request=stream.response.request) from None
         finally:
             stream.close()  # closing the connection is what makes the server stop generating
         if finish is None:
@@ -279,14 +304,18 @@ class ChatClient:
                        usage=usage, chunks=chunks, streamed=True)
 
     @staticmethod
-    def _whole(response: Any) -> _Answer:
+    def _whole(response: Any, max_chars: int) -> _Answer:
         choice = response.choices[0] if response.choices else None
         message = choice.message if choice else None
         reasoning = ""
         if message is not None:  # vLLM and SGLang reasoning parsers return the thinking apart
             extra = message.model_extra or {}
             reasoning = str(extra.get("reasoning_content") or extra.get("reasoning") or "")
-        return _Answer(text=(message.content or "") if message else "", reasoning=reasoning,
+        text = (message.content or "") if message else ""
+        if len(text) + len(reasoning) > max_chars:
+            raise AnswerTooLong(f"the answer has {len(text) + len(reasoning):,} characters, more than the "
+                                f"{max_chars // CHARS_PER_TOKEN:,} tokens asked for allow")
+        return _Answer(text=text, reasoning=reasoning,
                        model=getattr(response, "model", None), finish_reason=getattr(choice, "finish_reason", None),
                        usage=getattr(response, "usage", None))
 

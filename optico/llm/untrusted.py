@@ -15,10 +15,12 @@ from __future__ import annotations
 import re
 
 from optico.redact import redact
+from optico.textsafe import INVISIBLE
 
 # CSI (colours, cursor moves), OSC (titles, hyperlinks) and two-byte escapes.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# C0 controls but TAB/LF/CR, DEL, C1 controls, bidi overrides and isolates, invisible characters.
+_CONTROL = re.compile(f"[\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f-\\x9f\\u202a-\\u202e\\u2066-\\u2069{INVISIBLE}]")
 _ERROR = re.compile(
     r"Traceback \(most recent call last\)|CUDA out of memory|OutOfMemoryError|Watchdog caught|"
     r"\b[A-Za-z_.]*(?:Error|Exception)\b:|AssertionError|Segmentation fault|core dumped|"
@@ -57,7 +59,8 @@ def withhold_instructions(log: str) -> tuple[str, int]:
 
 
 def clean(text: str) -> str:
-    """ANSI escapes and control characters removed; carriage-return progress bars become lines."""
+    """ANSI escapes, control, bidi and invisible characters removed; carriage-return progress bars
+    become lines."""
     text = _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
     return _CONTROL.sub("", text)
 

@@ -97,3 +97,22 @@ def test_live_view_prints_hostile_events_literally():
         view.on_event("fallback", {"agent": "analysis", "error": HOSTILE})
         view.on_event("job_done", {"stop_reason": HOSTILE})
     assert "[/x]" in buffer.getvalue() and "\x1b" not in buffer.getvalue()
+
+
+def test_the_markdown_report_and_the_dashboard_show_hostile_text_escaped(hostile_pool: Path):
+    """A report is read in terminals and rendered as Markdown; a dashboard page is HTML: in neither may
+    stored text (a diagnosis, a rationale, a stop reason) carry raw escapes, bidi overrides or a link."""
+    from optico.pool.store import SqlStore
+    from optico.report import job_report, report_markdown
+    from optico.service.dashboard.views import templates
+
+    link = "[click](javascript:alert(1))"
+    with SqlStore(f"sqlite:///{hostile_pool}") as store:
+        report = job_report(store, 1)
+    report["failures"][0]["summary"] += link
+    markdown = report_markdown(report)
+    assert "\x1b" not in markdown and "\x07" not in markdown and "\u202e" not in markdown
+    assert "\\x1b" in markdown and "\\u202e" in markdown and link not in markdown and "\\[click\\]" in markdown
+    page = templates.env.from_string("<p>{{ text }}</p><script type='application/json'>{{ data|tojson }}</script>")
+    html = page.render(text=HOSTILE, data={"text": HOSTILE})
+    assert "\x1b" not in html and "\u202e" not in html and "\\u202e" in html and "&lt;" not in html.split("<script")[1]

@@ -16,9 +16,9 @@ from optico.pool.store import SqlStore
 runner = CliRunner()
 
 
-def _tune(db_url: str, *args: str):
+def _tune(db_url: str, *args: str, code: int = 0):
     result = runner.invoke(app, ["tune", *args, "--database", db_url], env={"COLUMNS": "200"})
-    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert result.exit_code == code, result.output + repr(result.exception)
     return result
 
 
@@ -60,10 +60,11 @@ def test_jobs_show_messages_displays_the_llm_audit_trail(db_url: str, fake_llm, 
     spec["launcher"] = {"kind": "sim", "hang_rate": 0.5}  # failures, for the failure agent
     path = tmp_path / "llama3-8b-hangs.yaml"
     path.write_text(yaml.safe_dump(spec))
-    _tune(db_url, str(path), "--reasoner", "openai", "--max-trials", "4", "--seed", "3")
+    # Seed 3 hangs every run: a job that measured nothing ends failed (exit 1), every diagnosis stored.
+    _tune(db_url, str(path), "--reasoner", "openai", "--max-trials", "4", "--seed", "3", code=1)
     store = SqlStore(db_url)
     trials = store.trials(1)
-    assert any(t.failure for t in trials), "seed 3 with hang_rate 0.5 should fail a run"
+    assert trials and all(t.failure for t in trials) and store.get_job(1).status.value == "failed"
     store.close()
     shown = runner.invoke(app, ["jobs", "show", "1", "--full", "--database", db_url], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output

@@ -96,6 +96,15 @@ def test_generation_answer_completes_and_repairs_and_refuses_fixed_changes():
                           reference=REF, limit=3)
 
 
+@pytest.mark.parametrize(("field", "value"), [("TP", True), ("TP", 2.0), ("TP", {"$gt": 1}), ("TP", [2]),
+                                             ("SEQUENCE_PARALLEL", 1), ("MICRO_BATCH_SIZE", "2.0")])
+def test_a_value_of_the_wrong_type_is_refused_not_taken_for_its_equal(field: str, value: object):
+    """True == 1 and 2.0 == 2 in Python; a spec refuses both, and so does an answer (then re-asked)."""
+    with pytest.raises(AnswerError, match="outside the search space"):
+        generation_answer({"proposals": [{"config": {"TP": 2, field: value}}]}, "", space=SPACE,
+                          reference=REF.changed(tensor_model_parallel_size=2), limit=3)
+
+
 def test_failure_answer_follows_the_papers_rules():
     f = failure_answer(None, "<think>x</think>\nMICRO_BATCH_SIZE 4, AC none caused CUDA OutOfMemoryError "
                              "(Confidence: 92)", space=SPACE, detected=FailureCategory.OOM, excerpt="OOM").failure

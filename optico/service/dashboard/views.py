@@ -23,6 +23,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.sse import EventSourceResponse
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 
 from optico.perfmodel.constants import load_constants
@@ -34,10 +35,21 @@ from optico.service.dashboard import charts
 from optico.service.dashboard.session import Viewer, end_session, read_form, safe_next, start_session
 from optico.service.deps import SQL_INT_MAX, JobDep, JobIdPath, SettingsDep, StoreDep, TrialIndexPath
 from optico.service.routes.events import job_event_stream, resume_point
+from optico.textsafe import terminal_text
 from optico.trial import Trial, TrialStatus
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
+
+
+def _visible(value: Any) -> Any:
+    """Every text a page prints, before autoescaping: control, escape, bidi and invisible characters
+    shown as visible escapes (HTML escaping leaves them, and a U+202E reorders what follows it).
+    Markup (a `tojson` block, our own HTML) is ours and passes as it is."""
+    return terminal_text(value, max_chars=None) if isinstance(value, str) and not isinstance(value, Markup) else value
+
+
+templates.env.finalize = _visible
 router = APIRouter(include_in_schema=False)
 PAGE_SIZE = 50
 

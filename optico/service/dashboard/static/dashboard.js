@@ -38,10 +38,18 @@ function setupCopy() {
 
 function pct(x) { return x === null || x === undefined ? "" : (100 * x).toFixed(1) + "%"; }
 
+// Control, escape, bidi and invisible characters shown as escapes, as the server's pages show them
+// (optico.textsafe): textContent keeps them, and a U+202E reorders the text after it.
+const UNSAFE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u00ad\u061c\u180e\u200b\u200e\u200f\u2028\u2029\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb]|\udb40[\udc00-\udc7f]/g;
+
+function visible(text) {
+  return String(text).replace(UNSAFE, (c) => "\\u" + c.codePointAt(0).toString(16).padStart(4, "0"));
+}
+
 function cell(tag, text, className) {
   const node = document.createElement(tag);
   if (className) node.className = className;
-  if (text !== undefined && text !== null) node.textContent = text;
+  if (text !== undefined && text !== null) node.textContent = visible(text);
   return node;
 }
 

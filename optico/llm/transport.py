@@ -1,0 +1,63 @@
+"""The HTTP client under the `openai` package, with the bounds an untrusted endpoint needs.
+
+- A deadline per response: it must arrive whole within `total_s` of its request. The HTTP
+  library's read timeout restarts with every byte, so a server dripping a byte a second, or
+  sending SSE keep-alive comments for ever, held a job open with no fallback.
+- A size cap per response (`MAX_RESPONSE_BYTES`, SSE framing included): a 50 MB answer was read,
+  stored and sent back to the server in the re-ask.
+- No redirects: a 3xx is the endpoint's answer (an error), not an instruction to send the
+  prompt elsewhere.
+
+Both bounds raise the HTTP library's own errors (a read timeout, a read error), which the
+client turns into a timeout or a dropped connection: retried, then the offline reasoner.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import openai
+
+MAX_RESPONSE_BYTES = 32 * 2**20
+
+
+def http_library() -> ModuleType:
+    """The HTTP library this `openai` is built on: httpx, or httpx2 from openai 3 on."""
+    base = openai.DefaultHttpxClient.__mro__[1]
+    return importlib.import_module(base.__module__.split(".")[0])
+
+
+def bounded_http_client(total_s: float) -> Any:
+    """openai's default HTTP client (its timeouts, connection limits) with the bounds above."""
+    http = http_library()
+
+    class Bounded(http.SyncByteStream):  # type: ignore[name-defined, misc]
+        def __init__(self, inner: Any, deadline: float, request: Any):
+            self.inner, self.deadline, self.request = inner, deadline, request
+
+        def __iter__(self) -> Iterator[bytes]:
+            size = 0
+            for chunk in self.inner:
+                size += len(chunk)
+                if time.monotonic() > self.deadline:
+                    raise http.ReadTimeout(f"the response did not arrive whole within {total_s:g} s",
+                                           request=self.request)
+                if size > MAX_RESPONSE_BYTES:
+                    raise http.ReadError(f"the response passed {MAX_RESPONSE_BYTES // 2**20} MiB", request=self.request)
+                yield chunk
+
+        def close(self) -> None:
+            self.inner.close()
+
+    class Deadline(http.HTTPTransport):  # type: ignore[name-defined, misc]
+        def handle_request(self, request: Any) -> Any:
+            deadline = time.monotonic() + total_s
+            response = super().handle_request(request)
+            response.stream = Bounded(response.stream, deadline, request)
+            return response
+
+    return openai.DefaultHttpxClient(transport=Deadline(), follow_redirects=False, timeout=total_s)
