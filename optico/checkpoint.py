@@ -72,7 +72,15 @@ async def open_checkpointer(database_url: str) -> AsyncIterator[BaseCheckpointSa
             yield saver
         return
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool
 
-    async with AsyncPostgresSaver.from_conn_string(target, serde=serde) as saver:
+    # A pool that checks each connection before lending it, not one connection: after a database
+    # restart (a second's blip, a failover) the next checkpoint reconnects instead of failing the job.
+    # The connection settings are those of AsyncPostgresSaver.from_conn_string.
+    async with AsyncConnectionPool(target, min_size=1, max_size=2, check=AsyncConnectionPool.check_connection,
+                                   kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+                                   open=False) as pool:
+        saver = AsyncPostgresSaver(pool, serde=serde)
         await saver.setup()
         yield saver

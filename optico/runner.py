@@ -218,16 +218,22 @@ async def run_claimed_job(store: Store, database_url: str, job_id: int, *, worke
         raise
     except LeaseLost:
         pass  # another worker runs the job now; nothing of ours may be written
-    except Exception as exc:  # the run broke (a bug, a dead database, a Ray cluster gone): failed, resumable
+    except Exception as exc:  # the run broke (a bug, a Ray cluster gone): failed, resumable
         reason = clip(f"{type(exc).__name__}: {exc}".splitlines()[0], 500)
         try:
-            # The trial it was running has no result: recorded lost, not left running for ever.
-            for trial in store.trials(job_id):
-                if trial.status is TrialStatus.RUNNING:
-                    store.lose_trial(trial.id, f"the run broke: {reason}", worker=worker)
-            store.transition(job_id, JobStatus.FAILED, reason=reason, worker=worker)
+            if database_unavailable(exc):
+                # A database restart or failover is not the job's failure: interrupted, so a worker (this
+                # one once it reconnects, or another) resumes it and re-runs the trial it was running.
+                store.transition(job_id, JobStatus.INTERRUPTED, worker=worker,
+                                 reason=f"interrupted: the database connection was lost ({reason})")
+            else:
+                # The trial it was running has no result: recorded lost, not left running for ever.
+                for trial in store.trials(job_id):
+                    if trial.status is TrialStatus.RUNNING:
+                        store.lose_trial(trial.id, f"the run broke: {reason}", worker=worker)
+                store.transition(job_id, JobStatus.FAILED, reason=reason, worker=worker)
         except (LifecycleError, StoreError):
-            pass
+            pass  # the database is still down: the lease expires and the next holder takes the job over
     finally:
         heartbeat.stop()
         if watcher is not None:
@@ -239,6 +245,28 @@ async def run_claimed_job(store: Store, database_url: str, job_id: int, *, worke
         _settle(store, job_id, worker, "cancelled", on_event)
         job = store.get_job(job_id)
     return job
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """A lost or refused database connection (psycopg's, SQLAlchemy's, sqlite3's, or the store's own
+    error for one), anywhere in the exception's chain."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    kinds: list[type[BaseException]] = [OperationalError, sqlite3.OperationalError, StoreError]
+    try:
+        import psycopg
+
+        kinds.append(psycopg.OperationalError)
+    except ImportError:  # SQLite only: no psycopg installed
+        pass
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, tuple(kinds)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 async def _cancel_on(shutdown: asyncio.Event, task: asyncio.Task, heartbeat: Heartbeat) -> None:
@@ -265,6 +293,14 @@ def _settle(store: Store, job_id: int, worker: str, reason: str, on_event: Event
             store.release_lease(job_id, worker)
             if on_event:
                 on_event(event.kind, event.model_dump(mode="json"))
+        elif store.get_job(job_id).status is JobStatus.STOPPING:
+            # A stop was asked for: the job ends now, its running trial recorded lost, rather than
+            # being resumed by the next worker as if nobody had asked (a rolling restart lost the stop).
+            for trial in store.trials(job_id):
+                if trial.status is TrialStatus.RUNNING:
+                    store.lose_trial(trial.id, "its worker stopped while the job was stopping", worker=worker)
+            complete_job(store, job_id, worker, "stopped on request (its worker stopped during the last trial)",
+                         on_event=on_event)
         else:
             store.transition(job_id, JobStatus.INTERRUPTED, reason="interrupted: its worker stopped", worker=worker)
     except (LifecycleError, StoreError):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from optico.launchers.base import Launcher
+from optico.pool.lifecycle import JobStatus
 from optico.pool.store import SqlStore
 from optico.report import job_result
 from optico.runner import run_job
@@ -216,6 +217,58 @@ def test_a_broken_run_fails_the_job_and_records_its_running_trial_lost(db_url: s
     trials = store.trials(job_id)
     assert [t.status for t in trials] == [TrialStatus.OK, TrialStatus.LOST], trials
     assert "ConnectionError" in trials[-1].failure.summary and job.lease_owner is None
+    store.close()
+
+
+class DatabaseBlip(CrashingLauncher):
+    """The database connection drops while trial `crash_at` runs (a restart, a failover)."""
+
+    async def launch(self, workload, strategy, *, trial_key, progress=None):
+        if trial_key.endswith(f"trial{self.crash_at}"):
+            import psycopg
+
+            raise psycopg.OperationalError("consuming input failed: server closed the connection unexpectedly")
+        return await self.inner.launch(workload, strategy, trial_key=trial_key, progress=progress)
+
+
+def test_a_lost_database_connection_interrupts_the_job_and_a_resume_finishes_it(db_url: str):
+    """Not `failed`: a second's database restart failed every running job for good."""
+    from optico.launchers.factory import build_launcher
+
+    spec = load_spec(EXAMPLES / "llama3-8b-a100.yaml")
+    spec = spec.model_copy(update={"budget": spec.budget.model_copy(update={"max_trials": 4, "converge_tol": None})})
+    store = SqlStore(db_url)
+    job_id = store.create_job(spec)
+    run_job(store, db_url, job_id, launcher=DatabaseBlip(build_launcher(spec.launcher, spec.seed), crash_at=2))
+    job = store.get_job(job_id)
+    assert job.status.value == "interrupted" and "database connection was lost" in job.stop_reason
+    assert [t.status for t in store.trials(job_id)] == [TrialStatus.OK, TrialStatus.RUNNING]  # re-run on resume
+    run_job(store, db_url, job_id)
+    assert store.get_job(job_id).status.value == "succeeded" and len(store.trials(job_id)) == 4
+    store.close()
+
+
+def test_a_stopping_job_whose_worker_stops_ends_as_stopped_not_resumed(db_url: str):
+    """A stop, then SIGTERM to the worker (a rolling restart): the job ends `stopped on request`; it
+    was made `interrupted` and the next worker ran the rest of its budget."""
+    from optico.launchers.factory import build_launcher
+
+    spec = load_spec(EXAMPLES / "llama3-8b-a100.yaml")
+    store = SqlStore(db_url)
+    job_id = store.create_job(spec)
+
+    class StopThenKill(CrashingLauncher):
+        async def launch(self, workload, strategy, *, trial_key, progress=None):
+            if trial_key.endswith("trial2"):
+                store.transition(job_id, JobStatus.STOPPING, reason="stopped on request (token t)")
+                raise KeyboardInterrupt("SIGTERM")
+            return await self.inner.launch(workload, strategy, trial_key=trial_key, progress=progress)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_job(store, db_url, job_id, launcher=StopThenKill(build_launcher(spec.launcher, spec.seed), crash_at=2))
+    job = store.get_job(job_id)
+    assert job.status.value == "succeeded" and job.stop_reason.startswith("stopped on request")
+    assert [t.status for t in store.trials(job_id)] == [TrialStatus.OK, TrialStatus.LOST] and job.lease_owner is None
     store.close()
 
 

@@ -16,7 +16,7 @@ def build_launcher(spec: LauncherSpec, job_seed: int = 0, constants: Constants |
         seed = job_seed if spec.seed is None else spec.seed
         return SimLauncher(seed=seed, noise=spec.noise, hang_rate=spec.hang_rate, infra_rate=spec.infra_rate,
                            trial_seconds=spec.trial_seconds, constants=constants,
-                           framework_version=spec.framework_version)
+                           framework_version=spec.framework_version, timeout_s=spec.timeout_s, hang_s=spec.hang_s)
     if spec.kind == "replay":
         from optico.launchers.replay import ReplayLauncher
 

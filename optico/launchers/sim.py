@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import os
 from functools import lru_cache
 
@@ -101,9 +102,12 @@ class SimLauncher(Launcher):
 
     def __init__(self, seed: int = 0, noise: float = 0.01, hang_rate: float = 0.02, infra_rate: float = 0.0,
                  constants: Constants | None = None, mem_noise: float = 0.015, trial_seconds: float = 0.0,
-                 framework_version: str | None = None):
+                 framework_version: str | None = None, timeout_s: float = math.inf, hang_s: float = math.inf):
         self.seed, self.noise, self.hang_rate, self.infra_rate = seed, noise, hang_rate, infra_rate
         self.mem_noise, self.trial_seconds = mem_noise, trial_seconds
+        # The spec's limits hold here too: a simulated trial longer than them is killed at the first,
+        # as a real one would be (it prints nothing while it sleeps, so `hang_s` counts from its start).
+        self.timeout_s, self.hang_s = timeout_s, hang_s
         self.base_constants = constants or load_constants()
         self.framework_version = framework_version
 
@@ -131,10 +135,16 @@ class SimLauncher(Launcher):
     async def launch(self, workload: Workload, strategy: Strategy, *, trial_key: str,
                      progress: ProgressCallback | None = None) -> LaunchResult:
         world = workload.world_size
-        if self.trial_seconds:
-            await asyncio.sleep(self.trial_seconds)
         fingerprint = {"launcher": "sim", "seed": self.seed, "megatron_core": None,
                        **self.framework_fingerprint(workload)}
+        limit, reason = min((self.timeout_s, "wall-clock limit"), (self.hang_s, "no output"))
+        if self.trial_seconds > limit:
+            await asyncio.sleep(limit)
+            log = f"run killed: {reason} of {limit:g} s reached before the run's {self.trial_seconds:g} s (hang)"
+            return LaunchResult(ok=False, log=log, exit_code=-9, duration_s=limit, gpu_seconds=limit * world,
+                                fingerprint=fingerprint, category_hint=FailureCategory.HANG)
+        if self.trial_seconds:
+            await asyncio.sleep(self.trial_seconds)
         constants, slowdown = framework_effects(self.base_constants, self.version)
         broken = violations(workload, strategy)
         if broken:

@@ -223,3 +223,20 @@ def test_torchrun_failing_to_bind_its_rendezvous_is_infrastructure():
                            fingerprint={}, log_path=None)
     assert result.category_hint == FailureCategory.INFRASTRUCTURE
     assert _diagnose(result, strategy_from_mapping({})).retry
+
+
+def test_a_simulated_trial_longer_than_the_spec_s_limits_is_killed_at_the_first_as_a_hang():
+    """`launcher: {kind: sim, trial_seconds: 120, timeout_s: 5}` waited 120 s: the limits were ignored."""
+    import asyncio
+    import time
+
+    from optico.strategy import Strategy
+    from optico.workload import PRESETS, Cluster, Workload
+
+    workload = Workload(model=PRESETS["llama3-8b"], seq_length=4096, global_batch_size=64, precision="bf16",
+                        cluster=Cluster(gpu="a100-80gb", gpus_per_node=8, nodes=1))
+    launcher = build_launcher(LauncherSpec(kind="sim", trial_seconds=60, timeout_s=0.5, hang_s=0.3, hang_rate=0.0))
+    start = time.monotonic()
+    result = asyncio.run(launcher.launch(workload, Strategy(tensor_model_parallel_size=2), trial_key="t1"))
+    assert time.monotonic() - start < 5 and not result.ok and result.category_hint is FailureCategory.HANG
+    assert "no output of 0.3 s reached" in result.log
