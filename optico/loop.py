@@ -282,7 +282,11 @@ def _converged(ctx: LoopContext, trials: list[Trial]) -> str | None:
 
 def guard(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
     ctx, job_id, iteration = runtime.context, state["job_id"], state["next_index"]
-    trials = _finished(ctx.store.trials(job_id))
+    every = ctx.store.trials(job_id)
+    trials = _finished(every)
+    # A lost trial tells the model nothing, but its configuration was tried: its runs took their worker
+    # down (or the run broke); launching it again under the next index spends the budget on the same.
+    tried = [t for t in every if t.status is not TrialStatus.RUNNING]
     proposals = GenerationOutput.model_validate({"proposals": state.get("proposals", [])}).proposals
     rejected = []
     converged = _converged(ctx, trials)
@@ -291,7 +295,7 @@ def guard(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
         return {"candidate": None, "stop_reason": converged}
     for attempt in ("reasoner", "rules fallback"):
         for p in proposals:
-            verdict = ctx.guard.check(p.strategy, trials, ctx.prior)
+            verdict = ctx.guard.check(p.strategy, tried, ctx.prior)
             if verdict.admitted:
                 _say(ctx, job_id, iteration, "guard", "verdict",
                      {"admitted": p.strategy.model_dump(mode="json"), "rejected": rejected, "source": attempt},

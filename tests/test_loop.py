@@ -217,6 +217,10 @@ def test_a_broken_run_fails_the_job_and_records_its_running_trial_lost(db_url: s
     trials = store.trials(job_id)
     assert [t.status for t in trials] == [TrialStatus.OK, TrialStatus.LOST], trials
     assert "ConnectionError" in trials[-1].failure.summary and job.lease_owner is None
+    store.transition(job_id, JobStatus.QUEUED, reason="resumed")  # the cluster is back: resumed
+    run_job(store, db_url, job_id)
+    signatures = [t.signature for t in store.trials(job_id)]
+    assert len(signatures) > 3 and len(set(signatures)) == len(signatures)  # the lost one is not launched again
     store.close()
 
 

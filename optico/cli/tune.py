@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -98,6 +102,27 @@ def _check_environment(spec: JobSpec) -> None:
         check_launch(spec)
     except SpecError as exc:
         fail(exc)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's or a container's stop), handled as Ctrl-C is: the job is marked
+    interrupted and its lease released, so `--resume` need not wait for the lease to expire."""
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (an in-process caller's worker thread)
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class TrialView:
@@ -228,16 +253,17 @@ def tune(
 
         try:
             if store.get_job(job_id).status is not JobStatus.SUCCEEDED:
-                if view.live:
-                    with Live(view.progress, console=console, refresh_per_second=4):
+                with sigterm_as_interrupt():
+                    if view.live:
+                        with Live(view.progress, console=console, refresh_per_second=4):
+                            run_job(store, url, job_id, on_event=on_event)
+                    else:
                         run_job(store, url, job_id, on_event=on_event)
-                else:
-                    run_job(store, url, job_id, on_event=on_event)
         except (LeaseHeld, IllegalTransition) as exc:
             fail(str(exc))
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             err.print(f"interrupted: job {job_id} is resumable with `optico tune --resume {job_id}`")
-            raise typer.Exit(130) from None
+            raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
         result = job_result(store, job_id)
         summary(result, console)
         if json_path:

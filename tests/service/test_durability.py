@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from service_testkit import FAST, spec, wait_for
 
 from optico.pool import JobStatus, SqlStore
@@ -154,3 +155,25 @@ def test_an_unknown_fault_point_is_refused(point: str, monkeypatch: pytest.Monke
     monkeypatch.setenv(faults.ENV, point)
     with pytest.raises(ValueError, match="unknown point"):
         faults.point("analysis")
+
+
+def test_sigterm_to_optico_tune_interrupts_the_job_and_releases_it(db_url: str, tmp_path: Path):
+    """`optico tune` stopped by SIGTERM (a batch scheduler, `docker stop`) hands the job back as Ctrl-C
+    does: interrupted, no lease held, exit 143, and `--resume` runs at once (it waited out the lease)."""
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump(spec("slow-cli", max_trials=3, trial_seconds=1.0, seed=5)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPTICO_")}
+    env.update(FAST, OPTICO_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "optico.cli", "tune", str(path), "--database", db_url], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with SqlStore(db_url) as store:
+        wait_for(lambda: store.list_jobs() and len(store.trials(store.list_jobs()[0].id)) >= 2, what="trial 2")
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+        job = store.list_jobs()[0]
+        assert proc.returncode == 143 and "is resumable" in stderr, stderr
+        assert job.status is JobStatus.INTERRUPTED and job.lease_owner is None
+        resumed = subprocess.run([sys.executable, "-m", "optico.cli", "tune", "--resume", str(job.id), "--database",
+                                  db_url], env=env, capture_output=True, text=True, timeout=120)
+        assert resumed.returncode == 0, resumed.stderr
+        assert store.get_job(job.id).status is JobStatus.SUCCEEDED and len(store.trials(job.id)) == 3
