@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BeforeValidator
 
 from optico.pool.contract import Store
 from optico.pool.models import SQL_INT_MAX
@@ -66,9 +67,18 @@ def optional_token(request: Request, store: StoreDep,
         current_token(store, credentials)
 
 
+def _digits(value: object) -> object:
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError("must be a whole number written in digits")
+    return value
+
+
+# An integer in a path or query is written in digits only: Python's int() also takes '1_0', '+1',
+# ' 1' and pydantic '1.0', so /jobs/1_0 answered for job 10.
+DIGITS = BeforeValidator(_digits)
 # Every integer the API takes in a path or query is bounded by the pool's INTEGER columns.
-JobIdPath = Annotated[int, Path(ge=1, le=SQL_INT_MAX, description="The job's id.")]
-TrialIndexPath = Annotated[int, Path(ge=0, le=SQL_INT_MAX, description="The trial's index in its job.")]
+JobIdPath = Annotated[int, DIGITS, Path(ge=1, le=SQL_INT_MAX, description="The job's id.")]
+TrialIndexPath = Annotated[int, DIGITS, Path(ge=0, le=SQL_INT_MAX, description="The trial's index in its job.")]
 
 
 def existing_job(job_id: JobIdPath, store: StoreDep) -> JobRecord:

@@ -33,7 +33,7 @@ from optico.pool.records import JobRecord, JobStats
 from optico.report import job_report
 from optico.service.dashboard import charts
 from optico.service.dashboard.session import Viewer, end_session, read_form, safe_next, start_session
-from optico.service.deps import SQL_INT_MAX, JobDep, JobIdPath, SettingsDep, StoreDep, TrialIndexPath
+from optico.service.deps import DIGITS, SQL_INT_MAX, JobDep, JobIdPath, SettingsDep, StoreDep, TrialIndexPath
 from optico.service.routes.events import job_event_stream, resume_point
 from optico.textsafe import terminal_text
 from optico.trial import Trial, TrialStatus
@@ -133,7 +133,7 @@ def jobs_page(request: Request, store: StoreDep, who: Viewer,
               workload: Annotated[str | None, Query(max_length=64)] = None,
               sort: Annotated[str, Query(max_length=16)] = "id",
               dir: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",  # noqa: A002
-              page: Annotated[int, Query(ge=1, le=1_000_000)] = 1) -> Response:
+              page: Annotated[int, DIGITS, Query(ge=1, le=1_000_000)] = 1) -> Response:
     sort = sort if sort in SORT_KEYS else "id"
     wanted = JobStatus(status) if status in {s.value for s in JobStatus} else None
     jobs, total = store.search_jobs(status=wanted, workload_key=workload or None, name=name or None, sort=sort,
@@ -323,7 +323,7 @@ def _history_figure(points: list[dict[str, Any]], ticks: list[dict[str, Any]]) -
 
 @router.get("/ui/jobs/{job_id}/rows")
 def new_rows(job_id: JobIdPath, store: StoreDep, who: Viewer,
-             after: Annotated[int, Query(ge=0, le=SQL_INT_MAX)] = 0) -> dict[str, Any]:
+             after: Annotated[int, DIGITS, Query(ge=0, le=SQL_INT_MAX)] = 0) -> dict[str, Any]:
     """Trial rows after index `after` (only what is new) and the job's status line."""
     job = _job_or_404(store, job_id)
     trials = store.trials(job_id)
@@ -337,7 +337,7 @@ def new_rows(job_id: JobIdPath, store: StoreDep, who: Viewer,
 
 @router.get("/ui/jobs/{job_id}/events", response_class=EventSourceResponse)
 async def live_events(request: Request, who: Viewer, job: JobDep, store: StoreDep, settings: SettingsDep,
-                      after: Annotated[int, Query(ge=0, le=SQL_INT_MAX)] = 0):
+                      after: Annotated[int, DIGITS, Query(ge=0, le=SQL_INT_MAX)] = 0):
     # The job is looked up by a dependency, before the stream starts: an unknown one is a 404, not a
     # stream that breaks after its headers were sent (which a browser retries every few seconds).
     last = request.headers.get("last-event-id")

@@ -19,7 +19,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from optico.pool.contract import Store
-from optico.service.deps import SQL_INT_MAX, JobDep, ReadToken, SettingsDep, StoreDep
+from optico.service.deps import DIGITS, SQL_INT_MAX, JobDep, ReadToken, SettingsDep, StoreDep
 from optico.service.settings import ServiceSettings
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["events"])
@@ -37,7 +37,7 @@ def resume_point(after: int | None, last_event_id: str | None) -> int:
 
 @router.get("/{job_id}/events", response_class=EventSourceResponse)
 async def stream_events(request: Request, _: ReadToken, job: JobDep, store: StoreDep, settings: SettingsDep,
-                        after: Annotated[int | None, Query(ge=0, le=SQL_INT_MAX,
+                        after: Annotated[int | None, DIGITS, Query(ge=0, le=SQL_INT_MAX,
                                                            description="Send events after this seq.")] = None,
                         last_event_id: Annotated[str | None, Header(max_length=32)] = None,
                         ) -> AsyncIterator[ServerSentEvent]:

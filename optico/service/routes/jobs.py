@@ -11,7 +11,7 @@ from optico.pool.contract import IdempotencyConflict
 from optico.pool.lifecycle import JobStatus, LifecycleError
 from optico.report import job_report, report_markdown
 from optico.service.bodies import spec_from_body
-from optico.service.deps import SQL_INT_MAX, JobDep, ReadToken, SettingsDep, StoreDep, WriteToken
+from optico.service.deps import DIGITS, SQL_INT_MAX, JobDep, ReadToken, SettingsDep, StoreDep, WriteToken
 from optico.service.schemas import (
     BudgetPatch,
     JobPage,
@@ -86,9 +86,9 @@ def list_jobs(store: StoreDep, settings: SettingsDep, _: ReadToken,
               status_: Annotated[JobStatus | None, Query(alias="status")] = None,
               workload: Annotated[str | None, Query(max_length=64, description="A workload key.")] = None,
               name: Annotated[str | None, Query(max_length=255, description="A substring of the name.")] = None,
-              cursor: Annotated[int | None, Query(ge=1, le=SQL_INT_MAX,
+              cursor: Annotated[int | None, DIGITS, Query(ge=1, le=SQL_INT_MAX,
                                                   description="`next_cursor` of the previous page.")] = None,
-              limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> JobPage:
+              limit: Annotated[int, DIGITS, Query(ge=1, le=10_000)] = 50) -> JobPage:
     """Jobs, newest first, filtered by status, workload and name; paginated with a cursor."""
     limit = min(limit, settings.page_max)
     jobs = store.list_jobs(limit + 1, status=status_, workload_key=workload, name=name, before_id=cursor)
@@ -106,7 +106,7 @@ def get_job(_: ReadToken, job: JobDep, store: StoreDep) -> JobView:
 
 @router.get("/{job_id}/trials", response_model=list[TrialView], responses=ERRORS)
 def list_trials(_: ReadToken, job: JobDep, store: StoreDep,
-                after: Annotated[int, Query(ge=0, le=SQL_INT_MAX, description="Only trials with a larger index.")] = 0,
+                after: Annotated[int, DIGITS, Query(ge=0, le=SQL_INT_MAX, description="Only trials with a larger index.")] = 0,
                 ) -> list[TrialView]:
     """The job's trials after index `after`, in order (fetch only what is new)."""
     return [trial_view(t) for t in store.trials(job.id, after_index=after)]
@@ -114,8 +114,8 @@ def list_trials(_: ReadToken, job: JobDep, store: StoreDep,
 
 @router.get("/{job_id}/messages", response_model=list[MessageView], responses=ERRORS)
 def list_messages(_: ReadToken, job: JobDep, store: StoreDep,
-                  after: Annotated[int, Query(ge=0, le=SQL_INT_MAX, description="Only messages with a larger id.")] = 0,
-                  iteration: Annotated[int | None, Query(ge=0, le=SQL_INT_MAX)] = None,
+                  after: Annotated[int, DIGITS, Query(ge=0, le=SQL_INT_MAX, description="Only messages with a larger id.")] = 0,
+                  iteration: Annotated[int | None, DIGITS, Query(ge=0, le=SQL_INT_MAX)] = None,
                   reasoning: Annotated[bool, Query(description="Include stored chain of thought.")] = False,
                   ) -> list[MessageView]:
     """The agents' messages (their reasoning per iteration), after message id `after`."""

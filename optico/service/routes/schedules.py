@@ -18,7 +18,7 @@ from optico.pool.records import Incumbent, ScheduleRecord, StoredScheduleEvent, 
 from optico.retune.cron import DEFAULT_CRON, check_cron, next_fire
 from optico.retune.webhook import check_webhook_url, where
 from optico.service.bodies import spec_from_body
-from optico.service.deps import SQL_INT_MAX, ReadToken, SettingsDep, StoreDep, WriteToken
+from optico.service.deps import DIGITS, SQL_INT_MAX, ReadToken, SettingsDep, StoreDep, WriteToken
 from optico.service.schemas import Problem
 from optico.spec import SpecError
 
@@ -208,7 +208,7 @@ def list_schedules(store: StoreDep, _: ReadToken) -> list[ScheduleView]:
 
 @router.get("/{name}", response_model=ScheduleDetail, responses=ERRORS)
 def get_schedule(name: str, store: StoreDep, _: ReadToken,
-                 history: Annotated[int, Query(ge=0, le=1000, description="Ticks to include.")] = 50) -> ScheduleDetail:
+                 history: Annotated[int, DIGITS, Query(ge=0, le=1000, description="Ticks to include.")] = 50) -> ScheduleDetail:
     """One schedule and its history: each tick's verdict, the incumbent's change, the retune's new best."""
     with _known(name):
         record, ticks = store.schedule_with_history(name, history)
@@ -236,8 +236,8 @@ def run_schedule(name: str, store: StoreDep, _: WriteToken) -> ScheduleView:
 
 @router.get("/{name}/events", response_model=list[ScheduleEventView], responses=ERRORS)
 def list_events(name: str, store: StoreDep, _: ReadToken,
-                after: Annotated[int, Query(ge=0, le=SQL_INT_MAX, description="Only events with a larger seq.")] = 0,
-                limit: Annotated[int, Query(ge=1, le=10_000)] = 500) -> list[ScheduleEventView]:
+                after: Annotated[int, DIGITS, Query(ge=0, le=SQL_INT_MAX, description="Only events with a larger seq.")] = 0,
+                limit: Annotated[int, DIGITS, Query(ge=1, le=10_000)] = 500) -> list[ScheduleEventView]:
     """The schedule's event log (tick verdicts, retune results, failures) after `after`."""
     record = _schedule(store, name)
     return [event_view(e) for e in store.schedule_events(record.id, after=after, limit=limit)]
