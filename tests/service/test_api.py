@@ -194,6 +194,7 @@ def test_every_api_endpoint_needs_a_token_and_writes_need_write_scope(served: tu
         else:
             assert response.status_code == 403, (method, path, response.status_code)
     assert anonymous.get("/healthz").status_code == 200 and anonymous.get("/metrics").status_code == 200
+    assert anonymous.head("/healthz").status_code == 200 and anonymous.head("/readyz").status_code == 200
 
 
 def test_health_and_metrics_can_require_a_token(make_service, tokens: dict[str, str]):

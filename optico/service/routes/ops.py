@@ -23,13 +23,14 @@ router = APIRouter(tags=["operations"], dependencies=[Depends(optional_token)])
 log = logging.getLogger("optico.service")
 
 
-@router.get("/healthz")
+@router.api_route("/healthz", methods=["GET", "HEAD"])  # load balancers probe with HEAD too
 def healthz() -> dict[str, str]:
     """The process is up."""
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "The database is unreachable or its schema is behind."}})
+@router.api_route("/readyz", methods=["GET", "HEAD"],
+                  responses={503: {"description": "The database is unreachable or its schema is behind."}})
 def readyz(store: StoreDep, response: Response) -> dict[str, str]:
     """Ready to serve: the database answers and its schema is at this optico's head."""
     try:
