@@ -30,9 +30,10 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 # -- bodies and views ------------------------------------------------------------------------------
 
 class ScheduleCreate(BaseModel):
-    """A new schedule. `spec` is a job spec as `optico tune` reads it: a JSON object, or YAML text."""
+    """A new schedule. `spec` is a job spec as `optico tune` reads it: a JSON object, or YAML text.
+    Strict, as the spec and a PATCH are: "5" is not a number of trials, "yes" not a boolean."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(pattern=NAME_PATTERN, description="Unique; letters, digits, '.', '_', '-' (1-128).")
     spec: dict[str, Any] | str = Field(description="The job spec the schedule re-tunes.")
