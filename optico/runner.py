@@ -248,13 +248,14 @@ async def run_claimed_job(store: Store, database_url: str, job_id: int, *, worke
 
 
 def database_unavailable(exc: BaseException) -> bool:
-    """A lost or refused database connection (psycopg's, SQLAlchemy's, sqlite3's, or the store's own
-    error for one), anywhere in the exception's chain."""
+    """A lost or refused database connection (psycopg's, SQLAlchemy's or sqlite3's operational error),
+    anywhere in the exception's chain (the store wraps the driver's). Not any database error: a
+    constraint broken by a bug would fail again on every resume."""
     import sqlite3
 
     from sqlalchemy.exc import OperationalError
 
-    kinds: list[type[BaseException]] = [OperationalError, sqlite3.OperationalError, StoreError]
+    kinds: list[type[BaseException]] = [OperationalError, sqlite3.OperationalError]
     try:
         import psycopg
 
