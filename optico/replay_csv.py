@@ -827,7 +827,7 @@ def _read_rows(path: Path, defaults: ReplayDefaults, strict: bool) -> tuple[list
                 raise ReplayError(f"{path}: more than {MAX_CSV_ROWS:,} rows; a replay CSV may have at most that")
             cells = {column: value for column, value in zip(columns, record) if column is not None}
             row = parse_row(cells, path.name, start, defaults, units)
-            if len(record) > len(header):
+            if any(cell.strip() for cell in record[len(header):]):  # empty ones: a trailing comma, harmless
                 shifted = (f"{len(record)} fields against the header's {len(header)} (an unquoted comma in a "
                            f"cell shifts every cell after it)")
                 row = row.model_copy(update={"skip_reason": "; ".join(filter(None, [shifted, row.skip_reason]))})

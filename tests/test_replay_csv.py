@@ -457,6 +457,9 @@ def test_a_row_with_more_fields_than_the_header_is_skipped_and_lines_count_blank
     shifted, good = read_replay_csv(path)
     assert shifted.line == 3 and not shifted.read and "18 fields against the header's 17" in shifted.skip_reason
     assert good.line == 6 and good.usable and good.tokens_per_s_per_gpu == 4064 and good.mem_max_gib == 55.69
+    trailing = tmp_path / "t.csv"  # a trailing comma on a row adds an empty field: nothing shifted
+    trailing.write_text(f"{HEADER},Mem (GiB)\nLlama3-8B,32,4096,32,8,14336,128256,8192,A100-80GB,8,2,1,1,128,ok,55.69,\n")
+    assert read_replay_csv(trailing)[0].mem_max_gib == 55.69
 
 
 def test_the_spec_check_takes_the_headers_the_reader_takes(tmp_path: Path) -> None:

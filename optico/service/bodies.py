@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from optico.input_files import json_problem
+from optico.redact import is_secret_name
 from optico.service.settings import ServiceSettings
 from optico.spec import JobSpec, SpecError, parse_spec_text
 
@@ -64,7 +65,7 @@ def _refuse_code(spec: JobSpec) -> None:
         upper = name.upper()
         if upper.startswith(LOADER_VARIABLES) or any(word in upper for word in LOADER_WORDS):
             raise SpecError(f"launcher.env.{name}", "variables that change what a process loads are refused")
-        if "/" in value:
+        if "/" in value and not is_secret_name(name):  # a secret's value comes from the worker's own environment
             raise SpecError(f"launcher.env.{name}", "this service takes no file paths in environment values")
 
 

@@ -271,6 +271,9 @@ def test_bad_bodies_get_422_naming_the_field(served: tuple[Service, dict[str, st
         assert not any(word in response.text for word in ("sys.", "recursion")), response.text  # our words
     assert len(BAD_BODIES) + len(raw) >= 20
     assert [j["id"] for j in http.get("/api/v1/jobs").json()["items"]] == before  # nothing was written
+    # A secret's value (a token may hold '/') is not a path: it is taken from the worker's environment.
+    secret = submit(http, {**spec("secret-env", max_trials=1), "launcher": {"kind": "sim", "env": {"HF_TOKEN": "ab/cd"}}})
+    assert secret.status_code == 201, secret.text
 
 
 def test_large_bodies_get_413(make_service, tokens: dict[str, str]):
