@@ -161,7 +161,7 @@ def test_sigterm_to_optico_tune_interrupts_the_job_and_releases_it(db_url: str, 
     """`optico tune` stopped by SIGTERM (a batch scheduler, `docker stop`) hands the job back as Ctrl-C
     does: interrupted, no lease held, exit 143, and `--resume` runs at once (it waited out the lease)."""
     path = tmp_path / "slow.yaml"
-    path.write_text(yaml.safe_dump(spec("slow-cli", max_trials=3, trial_seconds=1.0, seed=5)))
+    path.write_text(yaml.safe_dump(spec("slow-cli", max_trials=4, trial_seconds=1.5, seed=5)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPTICO_")}
     env.update(FAST, OPTICO_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "optico.cli", "tune", str(path), "--database", db_url], env=env,
@@ -176,4 +176,4 @@ def test_sigterm_to_optico_tune_interrupts_the_job_and_releases_it(db_url: str, 
         resumed = subprocess.run([sys.executable, "-m", "optico.cli", "tune", "--resume", str(job.id), "--database",
                                   db_url], env=env, capture_output=True, text=True, timeout=120)
         assert resumed.returncode == 0, resumed.stderr
-        assert store.get_job(job.id).status is JobStatus.SUCCEEDED and len(store.trials(job.id)) == 3
+        assert store.get_job(job.id).status is JobStatus.SUCCEEDED and len(store.trials(job.id)) == 4
