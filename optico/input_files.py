@@ -102,7 +102,8 @@ def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") 
     if count > MAX_CSV_ROWS:
         raise SpecError(field, f"{path.name} has more than {MAX_CSV_ROWS:,} rows; a replay CSV may have at most "
                                f"{MAX_CSV_ROWS:,}")
-    present = [c for c in COLUMNS if c in {canonical_header(h) for h in header}]  # 'Model', 'TP' as the reader takes them
+    named = {canonical_header(h) for h in header}  # 'Model', 'TP' as the reader takes them
+    present = [c for c in COLUMNS if c in named]
     if not present:
         raise SpecError(field, f"{path.name} is not a replay CSV: its first line names none of the format's "
                                f"columns ({', '.join(COLUMNS[:4])}, ...; see docs/launchers.md)")

@@ -228,9 +228,7 @@ async def run_claimed_job(store: Store, database_url: str, job_id: int, *, worke
                                  reason=f"interrupted: the database connection was lost ({reason})")
             else:
                 # The trial it was running has no result: recorded lost, not left running for ever.
-                for trial in store.trials(job_id):
-                    if trial.status is TrialStatus.RUNNING:
-                        store.lose_trial(trial.id, f"the run broke: {reason}", worker=worker)
+                _lose_running(store, job_id, worker, f"the run broke: {reason}")
                 store.transition(job_id, JobStatus.FAILED, reason=reason, worker=worker)
         except (LifecycleError, StoreError):
             pass  # the database is still down: the lease expires and the next holder takes the job over
@@ -277,15 +275,20 @@ async def _cancel_on(shutdown: asyncio.Event, task: asyncio.Task, heartbeat: Hea
         task.cancel()
 
 
+def _lose_running(store: Store, job_id: int, worker: str, reason: str) -> None:
+    """Records the job's running trial (if any) lost: its run ended without a result we can trust."""
+    for trial in store.trials(job_id):
+        if trial.status is TrialStatus.RUNNING:
+            store.lose_trial(trial.id, reason, worker=worker)
+
+
 def _settle(store: Store, job_id: int, worker: str, reason: str, on_event: EventSink | None) -> None:
     """After the task was cancelled for `reason`: record the running trial and the job's state."""
     if reason in ("lease_lost", "lease_expired"):
         return  # not ours any more: the next holder resumes (and re-runs the trial once)
     try:
         if reason == "cancelled":
-            for trial in store.trials(job_id):
-                if trial.status is TrialStatus.RUNNING:
-                    store.lose_trial(trial.id, "the job was cancelled while it ran", worker=worker)
+            _lose_running(store, job_id, worker, "the job was cancelled while it ran")
             trials = store.trials(job_id)
             best = [t.mfu for t in trials if t.mfu is not None]
             event = JobFinished(status=JobStatus.CANCELLED.value, stop_reason="cancelled", trials=len(trials),
@@ -297,9 +300,7 @@ def _settle(store: Store, job_id: int, worker: str, reason: str, on_event: Event
         elif store.get_job(job_id).status is JobStatus.STOPPING:
             # A stop was asked for: the job ends now, its running trial recorded lost, rather than
             # being resumed by the next worker as if nobody had asked (a rolling restart lost the stop).
-            for trial in store.trials(job_id):
-                if trial.status is TrialStatus.RUNNING:
-                    store.lose_trial(trial.id, "its worker stopped while the job was stopping", worker=worker)
+            _lose_running(store, job_id, worker, "its worker stopped while the job was stopping")
             complete_job(store, job_id, worker, "stopped on request (its worker stopped during the last trial)",
                          on_event=on_event)
         else:

@@ -31,7 +31,7 @@ from optico.rules import is_valid, violations
 from optico.safe_yaml import load_yaml
 from optico.search_space import SearchSpace
 from optico.strategy import Strategy, canonical_field, strategy_from_mapping
-from optico.textsafe import INVISIBLE
+from optico.textsafe import BIDI, INVISIBLE, SEPARATORS, SURROGATES
 from optico.workload import PRESETS, Cluster, Framework, ModelArch, Workload
 
 __all__ = ["Budget", "JobSpec", "LauncherSpec", "ReasonerSpec", "SpecError", "load_spec", "parse_spec",
@@ -55,7 +55,7 @@ MAX_GPU_HOURS = 1e9
 MAX_NAME_CHARS = 200
 MAX_PATH_CHARS = 4096
 # A name printed in every table and log line: any printable text, no control characters.
-_CONTROL = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f\\u202a-\\u202e\\u2066-\\u2069\\u2028\\u2029\\ud800-\\udfff{INVISIBLE}]")
+_CONTROL = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{BIDI}{SEPARATORS}{SURROGATES}{INVISIBLE}]")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 

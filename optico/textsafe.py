@@ -30,10 +30,12 @@ from rich.text import Text
 # controls, BOM, interlinear annotations, tag characters. Zero-width (non-)joiners are not among
 # them: they are part of ordinary emoji and scripts (Persian, Indic).
 INVISIBLE = "\u00ad\u061c\u180e\u200b\u200e\u200f\u2060-\u2064\u206a-\u206f\ufeff\ufff9-\ufffb\U000e0000-\U000e007f"
-# C0 controls except TAB and LF, DEL, C1 controls; bidi embeddings, overrides and isolates;
-# line/paragraph separators (a terminal may treat them as newlines); lone surrogates (undecodable
-# bytes of a file name: no encoder takes them); the invisible characters above.
-_UNSAFE = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f\\u202a-\\u202e\\u2066-\\u2069\\u2028\\u2029\\ud800-\\udfff{INVISIBLE}]")
+BIDI = "\u202a-\u202e\u2066-\u2069"  # embeddings, overrides and isolates: they reorder what follows
+SEPARATORS = "\u2028\u2029"  # line and paragraph separators: a terminal may treat them as newlines
+SURROGATES = "\ud800-\udfff"  # lone ones: undecodable bytes of a file name, which no encoder takes
+# C0 controls except TAB and LF, DEL, C1 controls, and every kind above: regex character-class bodies
+# that the spec's checks and the LLM answers' cleaning build on too.
+_UNSAFE = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{BIDI}{SEPARATORS}{SURROGATES}{INVISIBLE}]")
 _NEWLINES = re.compile(r"\r\n|\r|\n")
 
 # Long enough for any name, path or diagnosis a person reads; the rest is elided, not wrapped

@@ -15,12 +15,12 @@ from __future__ import annotations
 import re
 
 from optico.redact import redact
-from optico.textsafe import INVISIBLE
+from optico.textsafe import BIDI, INVISIBLE
 
 # CSI (colours, cursor moves), OSC (titles, hyperlinks) and two-byte escapes.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 # C0 controls but TAB/LF/CR, DEL, C1 controls, bidi overrides and isolates, invisible characters.
-_CONTROL = re.compile(f"[\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f-\\x9f\\u202a-\\u202e\\u2066-\\u2069{INVISIBLE}]")
+_CONTROL = re.compile(f"[\\x00-\\x08\\x0b\\x0c\\x0e-\\x1f\\x7f-\\x9f{BIDI}{INVISIBLE}]")
 _ERROR = re.compile(
     r"Traceback \(most recent call last\)|CUDA out of memory|OutOfMemoryError|Watchdog caught|"
     r"\b[A-Za-z_.]*(?:Error|Exception)\b:|AssertionError|Segmentation fault|core dumped|"

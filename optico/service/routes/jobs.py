@@ -122,12 +122,17 @@ def list_messages(_: ReadToken, job: JobDep, store: StoreDep,
     return [message_view(m, reasoning=reasoning) for m in store.messages(job.id, iteration, after_id=after)]
 
 
+def _fresh_view(store, job_id: int) -> JobView:
+    """The job as it is now, after a change."""
+    return job_view(store.get_job(job_id), store.job_stats([job_id]).get(job_id))
+
+
 def _control(store, job_id: int, to: JobStatus, reason: str) -> JobView:
     try:
         store.transition(job_id, to, reason=reason)
     except LifecycleError as exc:
         raise _conflict(exc) from None
-    return job_view(store.get_job(job_id), store.job_stats([job_id]).get(job_id))
+    return _fresh_view(store, job_id)
 
 
 @router.post("/{job_id}/stop", response_model=JobView, responses=ERRORS)
@@ -137,7 +142,7 @@ def stop_job(token: WriteToken, job: JobDep, store: StoreDep) -> JobView:
         try:  # only if still queued: a worker may have claimed it since it was read; then it is stopped
             store.transition(job.id, JobStatus.CANCELLED, reason=f"stopped before it started (token {token.name})",
                              only_from=frozenset({JobStatus.QUEUED}))
-            return job_view(store.get_job(job.id), store.job_stats([job.id]).get(job.id))
+            return _fresh_view(store, job.id)
         except LifecycleError:
             pass
     return _control(store, job.id, JobStatus.STOPPING, f"stopped on request (token {token.name})")
@@ -162,7 +167,7 @@ def patch_job(_: WriteToken, job: JobDep, body: BudgetPatch, store: StoreDep) ->
         store.set_budget(job.id, max_trials=body.max_trials, gpu_hours=body.gpu_hours)
     except LifecycleError as exc:
         raise _conflict(exc) from None
-    return job_view(store.get_job(job.id), store.job_stats([job.id]).get(job.id))
+    return _fresh_view(store, job.id)
 
 
 @router.get("/{job_id}/report", responses={200: {"content": {"application/json": {}, "text/markdown": {}},
