@@ -7,6 +7,7 @@
   stored and sent back to the server in the re-ask.
 - No redirects: a 3xx is the endpoint's answer (an error), not an instruction to send the
   prompt elsewhere.
+- The same bounds through a proxy named by HTTP(S)_PROXY (the client's own proxy transport).
 
 Both bounds raise the HTTP library's own errors (a read timeout, a read error), which the
 client turns into a timeout or a dropped connection: retried, then the offline reasoner.
@@ -53,11 +54,19 @@ def bounded_http_client(total_s: float) -> Any:
         def close(self) -> None:
             self.inner.close()
 
-    class Deadline(http.HTTPTransport):  # type: ignore[name-defined, misc]
-        def handle_request(self, request: Any) -> Any:
+    class BoundedClient(openai.DefaultHttpxClient):  # type: ignore[misc, valid-type]
+        # Bounded at `send`, not in a transport: httpx mounts its own transport for a proxy from
+        # HTTP(S)_PROXY, and a response through it would escape a bound set on the default one.
+        def send(self, request: Any, *, stream: bool = False, **kwargs: Any) -> Any:
             deadline = time.monotonic() + total_s
-            response = super().handle_request(request)
+            response = super().send(request, stream=True, **kwargs)
             response.stream = Bounded(response.stream, deadline, request)
+            if not stream:
+                try:
+                    response.read()
+                except BaseException:
+                    response.close()
+                    raise
             return response
 
-    return openai.DefaultHttpxClient(transport=Deadline(), follow_redirects=False, timeout=total_s)
+    return BoundedClient(follow_redirects=False, timeout=total_s)

@@ -99,3 +99,18 @@ def test_a_redirect_is_an_error_and_the_prompt_goes_nowhere_else():
             with pytest.raises(EndpointError, match="307"):
                 _client(url).complete([{"role": "user", "content": "the workload and its history"}], max_tokens=50)
     assert asked and stolen == []
+
+
+def test_the_bounds_hold_through_a_proxy_named_in_the_environment(monkeypatch: pytest.MonkeyPatch):
+    # httpx mounts a transport of its own for a proxy: the bounds must not depend on which one runs.
+    with serve(keep_alive_for_ever) as (proxy_url, asked):
+        proxy = proxy_url.removesuffix("/v1")
+        for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY"):
+            monkeypatch.setenv(name, proxy)
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        start = time.monotonic()
+        with pytest.raises(EndpointError, match="Timeout"):
+            _client("http://llm.example.invalid/v1").complete([{"role": "user", "content": "hi"}], max_tokens=50)
+        assert time.monotonic() - start < 6  # 1.5 s allowed; the proxy would drip for 30 s
+    assert asked and asked[0].startswith("http://llm.example.invalid/")  # the request did go through it
