@@ -176,6 +176,11 @@ class SqlStore(ScheduleSql, Store):
         """For tests and the schema tools; application code goes through the methods."""
         return self._engine
 
+    @property
+    def read_engine(self) -> Engine:
+        """The engine of read-only transactions (on SQLite, deferred: they never wait for a writer)."""
+        return self._read_engine
+
     @contextmanager
     def _session(self, *, read: bool = False) -> Iterator[Session]:
         """The one transaction helper: commit at the end, roll back and re-raise on any error

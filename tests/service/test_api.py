@@ -427,6 +427,26 @@ def test_the_access_log_keeps_a_token_sent_in_a_query_string_out(make_service, t
     assert "GET /api/v1/jobs?token=" in log and tokens["write"] not in log, log[-1500:]
 
 
+def test_readyz_answers_at_once_while_a_worker_holds_sqlites_write_lock(tmp_path):
+    import sqlite3
+    import time
+
+    db = tmp_path / "pool.db"
+    service = Service(db_url=f"sqlite:///{db}", home=tmp_path / "home",
+                      extra_env={"OPTICO_OPEN_HEALTH": "true", "OPTICO_WORKERS": "0"})
+    service.start()
+    writer = sqlite3.connect(db, isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # what a worker's transaction holds while it writes
+        start = time.monotonic()
+        ready = httpx.get(f"{service.url}/readyz", timeout=30)
+        assert ready.json() == {"status": "ready"} and time.monotonic() - start < 3  # it waited 12-22 s
+    finally:
+        writer.rollback()
+        writer.close()
+        service.kill()
+
+
 @pytest.mark.postgres
 def test_readyz_during_an_outage_names_no_host_or_port(tmp_path, postgres_server_url: str):
     # A private server, stopped while the service runs (the session's server is shared by other tests).

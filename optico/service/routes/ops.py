@@ -34,7 +34,9 @@ def healthz() -> dict[str, str]:
 def readyz(store: StoreDep, response: Response) -> dict[str, str]:
     """Ready to serve: the database answers and its schema is at this optico's head."""
     try:
-        engine = store.engine  # type: ignore[attr-defined]
+        # The read engine: on SQLite a probe must not queue for the write lock behind a worker's
+        # transaction (it waited 12-22 s, past any probe's timeout, while the database was fine).
+        engine = store.read_engine  # type: ignore[attr-defined]
         with engine.connect() as conn:
             conn.execute(select(1))
         ensure_current(engine)
