@@ -202,6 +202,8 @@ class ReplayRow(BaseModel):
     mem_max_gib: float | None = None
     counts_recompute: bool = Field(False, description="tflops_per_gpu and mfu count the recompute forward pass "
                                                       "(hardware FLOPs), not model FLOPs.")
+    memory_measure: Literal["", "allocated", "reserved"] = Field(
+        "", description="What the memory column's header says it measured (torch's max allocated or reserved).")
     skip_reason: str | None = Field(None, description="Why the row cannot be used at all; None = read.")
     unknown: dict[str, list[Any]] = Field(default_factory=dict, description="Cells the source does not give, with "
                                                                             "their plausible values.")
@@ -791,6 +793,12 @@ def read_replay_file(path: str | Path, defaults: ReplayDefaults | None = None, *
         raise ReplayError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
+def _memory_measure(header: str) -> Literal["", "allocated", "reserved"]:
+    """'Max memory allocated (MiB)' -> allocated; 'max_memory_reserved' -> reserved; else unsaid."""
+    words = header.lower()
+    return "allocated" if "allocated" in words else "reserved" if "reserved" in words else ""
+
+
 def _read_rows(path: Path, defaults: ReplayDefaults, strict: bool) -> tuple[list[ReplayRow], FileReport]:
     report = FileReport(file=path.name)
     rows: list[ReplayRow] = []
@@ -801,6 +809,7 @@ def _read_rows(path: Path, defaults: ReplayDefaults, strict: bool) -> tuple[list
         header = next((record for record in reader if record), [])
         columns: list[str | None] = []  # per field of a record: its replay column, or None
         units: dict[str, str] = {}
+        memory_measure = ""
         for h in header:
             column = canonical_header(h)
             if column is None or column in columns:
@@ -809,6 +818,8 @@ def _read_rows(path: Path, defaults: ReplayDefaults, strict: bool) -> tuple[list
                 continue
             columns.append(column)
             units[column] = header_unit(h)
+            if column == "mem_max_gib":
+                memory_measure = _memory_measure(h)
             if h != column:
                 report.renamed_columns[h] = column
         known = set(columns) - {None}
@@ -827,6 +838,8 @@ def _read_rows(path: Path, defaults: ReplayDefaults, strict: bool) -> tuple[list
                 raise ReplayError(f"{path}: more than {MAX_CSV_ROWS:,} rows; a replay CSV may have at most that")
             cells = {column: value for column, value in zip(columns, record) if column is not None}
             row = parse_row(cells, path.name, start, defaults, units)
+            if memory_measure:
+                row = row.model_copy(update={"memory_measure": memory_measure})
             if any(cell.strip() for cell in record[len(header):]):  # empty ones: a trailing comma, harmless
                 shifted = (f"{len(record)} fields against the header's {len(header)} (an unquoted comma in a "
                            f"cell shifts every cell after it)")

@@ -437,6 +437,27 @@ def test_measurements_under_the_headers_and_units_tables_use(tmp_path: Path, hea
     assert getattr(rows[0], field) == pytest.approx(value), (header, cell, rows[0].skip_reason)
 
 
+@pytest.mark.parametrize(("header", "notes", "overhead_left_out"), [
+    ("Max memory allocated (MiB)", "", True),  # the header says what torch counted
+    ("max_memory_reserved (GiB)", "", False),
+    ("Peak memory (GiB)", "torch max allocated", True),  # or, with a header that does not say, the notes
+    ("Peak memory (GiB)", "", False),
+])
+def test_allocated_memory_is_compared_without_what_torch_does_not_see(tmp_path: Path, header: str, notes: str,
+                                                                       overhead_left_out: bool) -> None:
+    from optico.perfmodel.evaluate import _memory_as_measured
+    from optico.perfmodel.model import predict
+
+    path = tmp_path / "m.csv"
+    path.write_text(f"{HEADER},{header},Notes\nLlama3-8B,32,4096,32,8,14336,128256,8192,A100-80GB,8,2,1,1,128,ok,"
+                    f"61440,{notes}\n")
+    row = read_replay_file(path)[0][0]
+    memory = predict(row.workload, row.strategy).memory
+    assert memory.overhead_gib > 0
+    expected = memory.total_gib - (memory.overhead_gib if overhead_left_out else 0.0)
+    assert _memory_as_measured(row, predict(row.workload, row.strategy)) == pytest.approx(expected)
+
+
 def test_spelled_out_parallel_headers_and_an_ambiguous_throughput(tmp_path: Path) -> None:
     path = tmp_path / "p.csv"
     path.write_text("Model,Seq Len,GPU,Number of GPUs,Tensor Parallel,Pipeline Parallel,VP,MBS,GBS,Status,Throughput\n"

@@ -16,7 +16,7 @@ Rows whose notes say their times are not tuned throughput (Megatron-LM's CI runs
 deterministic mode, per the data README) are scored on memory and fit/OOM only: the model
 predicts tuned throughput, and those rows would otherwise dominate every MFU figure.
 
-Memory is compared like for like: a row whose notes say it measured torch's max
+Memory is compared like for like: a row whose memory header or notes say it measured torch's max
 *allocated* memory is compared without the CUDA-context/NCCL overhead torch does
 not see, and a row measured on the *last* rank against the last pipeline stage.
 """
@@ -109,7 +109,9 @@ def _memory_as_measured(row: ReplayRow, pred: Prediction) -> float:
     notes = f"{row.notes} {row.source}".lower()
     mem = pred.memory
     total = mem.stage_totals_gib[-1] if "last rank" in notes and mem.stage_totals_gib else mem.total_gib
-    if "allocated" in notes and "reserved" not in notes:
+    allocated = row.memory_measure == "allocated" or (not row.memory_measure and "allocated" in notes
+                                                       and "reserved" not in notes)
+    if allocated:
         total -= mem.overhead_gib
     return total
 
