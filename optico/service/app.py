@@ -20,6 +20,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from optico import __version__
@@ -115,6 +116,18 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
                                              "type": "value_error"}]},
                                 status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
         return await call_next(request)
+
+    @app.middleware("http")
+    async def allow_every_method(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature
+        # Starlette's 405 names the methods of the first route on the path only (GET for
+        # /jobs/{id}, which also takes PATCH and DELETE): a client reading Allow must see them all.
+        response = await call_next(request)
+        if response.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+            methods = {m.strip() for m in response.headers.get("Allow", "").split(",") if m.strip()}
+            methods |= {m.upper() for template, operations in app.openapi()["paths"].items()
+                        if compile_path(template)[0].fullmatch(request.url.path) for m in operations}
+            response.headers["Allow"] = ", ".join(sorted(methods))
+        return response
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature

@@ -305,6 +305,17 @@ def test_unknown_jobs_are_404(served: tuple[Service, dict[str, str]]):
         assert response.status_code == 404 and response.json()["detail"] == "no job 999", path
 
 
+def test_a_405_names_every_method_the_path_takes(served: tuple[Service, dict[str, str]]):
+    service, tokens = served
+    http = client(service, tokens["write"])
+    for method, path, allowed in (("PUT", "/api/v1/jobs/1", "GET, PATCH"), ("DELETE", "/api/v1/jobs", "GET, POST"),
+                                  ("PUT", "/api/v1/schedules/nightly", "DELETE, GET"),
+                                  ("POST", "/healthz", "GET, HEAD")):
+        response = http.request(method, path)
+        assert response.status_code == 405 and response.headers["allow"] == allowed, (method, path, response.headers)
+    assert "head" not in http.get("/openapi.json").json()["paths"]["/readyz"]  # one operation per path in the schema
+
+
 def test_racing_submissions_with_one_key_get_one_201_and_an_empty_key_is_refused(served: tuple[Service, dict[str, str]]):
     """Whether a submission created its job is decided where the job is written: of ten racing
     requests with one Idempotency-Key exactly one is told 201."""
