@@ -69,6 +69,9 @@ def _refuse_code(spec: JobSpec) -> None:
             raise SpecError(f"launcher.env.{name}", "this service takes no file paths in environment values")
 
 
+_YAML_BREAKS = {ord(c): f"\\u{ord(c):04x}" for c in "\u0085\u2028\u2029"}
+
+
 def spec_from_body(raw: bytes, content_type: str, settings: ServiceSettings) -> JobSpec:
     """The submitted spec, or SpecError naming the field and the reason."""
     kind = content_type.split(";")[0].strip().lower() or "application/json"
@@ -96,6 +99,10 @@ def spec_from_body(raw: bytes, content_type: str, settings: ServiceSettings) -> 
         if not isinstance(value, str) or not Path(value).is_absolute() or not _inside(Path(value), roots):
             raise SpecError(field, "the service reads files only by absolute path under its allowed roots "
                                    "(the package's data, OPTICO_FILE_ROOTS)")
+    if kind in JSON_TYPES or kind.endswith("+json"):
+        # JSON strings may hold NEL, LS and PS raw; the YAML reader below would take them for line
+        # breaks and fold them into spaces. Escaped, YAML reads the same characters JSON did.
+        raw = raw.decode("utf-8").translate(_YAML_BREAKS).encode("utf-8")
     spec = parse_spec_text(raw, origin_name="body")
     if not settings.allow_commands:
         _refuse_code(spec)

@@ -270,6 +270,10 @@ def test_bad_bodies_get_422_naming_the_field(served: tuple[Service, dict[str, st
         assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body"], response.text
         assert not any(word in response.text for word in ("sys.", "recursion")), response.text  # our words
     assert len(BAD_BODIES) + len(raw) >= 20
+    for hidden in ("\u0085", "\u2028"):  # raw in a JSON string: a name with a line break, not with a space
+        body = json.dumps(spec(f"two{hidden}lines"), ensure_ascii=False).encode()
+        response = http.post("/api/v1/jobs", content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == 422 and response.json()["detail"][0]["loc"][:2] == ["body", "name"], response.text
     assert [j["id"] for j in http.get("/api/v1/jobs").json()["items"]] == before  # nothing was written
     # A secret's value (a token may hold '/') is not a path: it is taken from the worker's environment.
     secret = submit(http, {**spec("secret-env", max_trials=1), "launcher": {"kind": "sim", "env": {"HF_TOKEN": "ab/cd"}}})
