@@ -250,6 +250,9 @@ class TickRow(Base):
     noise_pct: Mapped[float | None] = mapped_column(Float)
     regression_pct: Mapped[float | None] = mapped_column(Float)
     retune_job_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    # Random, for the retune job's Idempotency-Key (tick ids come back after a removal on SQLite);
+    # NULL on ticks from before revision 0005.
+    job_key: Mapped[str | None] = mapped_column(String(64))
     new_best_mfu: Mapped[float | None] = mapped_column(Float)
     # Everything else a person reads: the re-measurements, the framework change, the new best and
     # its Megatron-LM flag diff, an error.

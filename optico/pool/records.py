@@ -189,6 +189,7 @@ class TickRecord(TickVerdict, _Dated):
     worker: str
     started_at: datetime
     finished_at: datetime | None = None
+    job_key: str | None = Field(None, description="Random: the retune job's Idempotency-Key (None before 0005).")
 
 
 class StoredScheduleEvent(_Record):

@@ -14,6 +14,8 @@ One firing per cron slot across replicas, two ways at once:
 
 from __future__ import annotations
 
+import uuid
+
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +60,7 @@ def _tick(row: TickRow) -> TickRecord:
         outcome=row.outcome, worker=row.worker, started_at=row.started_at, finished_at=row.finished_at,
         fingerprint=row.fingerprint, fingerprint_changed=row.fingerprint_changed, mfu_before=row.mfu_before,
         mfu_after=row.mfu_after, noise_pct=row.noise_pct, regression_pct=row.regression_pct,
-        retune_job_id=row.retune_job_id, new_best_mfu=row.new_best_mfu, report=row.report or {})
+        retune_job_id=row.retune_job_id, job_key=row.job_key, new_best_mfu=row.new_best_mfu, report=row.report or {})
 
 
 class ScheduleSql:
@@ -186,7 +188,8 @@ class ScheduleSql:
                 row.next_fire_at = self._stamp(next_fire_at)
             row.locked_by, row.locked_until = worker, self._stamp(now + timedelta(seconds=lock_s))
             tick = TickRow(schedule_id=row.id, trigger="cron" if cron else "manual",
-                           due_at=self._stamp(due_at) if cron else None, status="running", worker=worker, report={})
+                           due_at=self._stamp(due_at) if cron else None, status="running", worker=worker, report={},
+                           job_key=uuid.uuid4().hex)
             s.add(tick)
             s.flush()
             s.refresh(tick)

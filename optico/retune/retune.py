@@ -28,8 +28,14 @@ from optico.trial import TrialStatus
 ENDED = (JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.FAILED)
 
 
-def idempotency_key(tick_id: int) -> str:
-    return f"optico-retune-tick-{tick_id}"
+# Idempotency-Keys starting with this are OptiCo's own; the API refuses them from users.
+RESERVED_KEY_PREFIX = "optico-"
+
+
+def idempotency_key(tick: TickRecord) -> str:
+    """The tick's key, unique for all time: SQLite hands a removed schedule's tick ids out again, and a
+    key of the tick id alone adopted the old schedule's job as the new one's retune."""
+    return f"{RESERVED_KEY_PREFIX}retune-{tick.job_key}" if tick.job_key else f"optico-retune-tick-{tick.id}"
 
 
 def retune_spec(schedule: ScheduleRecord, tick: TickRecord, *, first: bool) -> JobSpec:
@@ -55,7 +61,7 @@ def _runnable(spec: JobSpec, strategy: Strategy) -> bool:
 def start_retune(store: Store, schedule: ScheduleRecord, tick: TickRecord, *, first: bool, origin: str = "queue") -> int:
     """Creates the retune job (once per tick, whatever happens) and returns its id."""
     return store.create_job(retune_spec(schedule, tick, first=first), origin=origin,
-                            idempotency_key=idempotency_key(tick.id))
+                            idempotency_key=idempotency_key(tick))
 
 
 def retune_result(store: Store, schedule: ScheduleRecord, tick: TickRecord) -> tuple[Incumbent | None, dict[str, Any],

@@ -105,7 +105,7 @@ def test_two_schedulers_on_one_database_fire_a_slot_once(store: SqlStore, db_url
     assert store.get_schedule("nightly").next_fire_at > slot  # the slot moved on to the next cron time
     retunes = [j for j in store.list_jobs(100) if j.name.endswith(f"(tick {tick.id})")]
     assert [j.id for j in retunes] == [tick.retune_job_id]
-    assert store.job_id_for_key(idempotency_key(tick.id)) == tick.retune_job_id
+    assert store.job_id_for_key(idempotency_key(tick)) == tick.retune_job_id
     # No worker runs here: the tick waits for its job, and run-now refuses to start a second retune.
     try:
         run_now(store, "nightly", database_url=db_url)
@@ -113,3 +113,15 @@ def test_two_schedulers_on_one_database_fire_a_slot_once(store: SqlStore, db_url
         assert str(tick.retune_job_id) in str(exc)
     else:
         raise AssertionError("run-now started a second retune")
+
+
+def test_a_schedule_added_again_after_removal_starts_its_own_first_tune(store: SqlStore, db_url: str) -> None:
+    # SQLite hands out a removed schedule's ids (schedule and tick) again: the new first tune must be a
+    # new job, not the old schedule's, adopted through a key built from the tick id alone.
+    add_schedule(store, "nightly", max_trials=2)
+    old = run_now(store, "nightly", database_url=db_url)
+    store.delete_schedule("nightly")
+    add_schedule(store, "nightly", max_trials=2)
+    new = run_now(store, "nightly", database_url=db_url)
+    assert new.outcome == "first-tune" and new.status == "done"
+    assert new.retune_job_id != old.retune_job_id and store.get_job(new.retune_job_id).status is JobStatus.SUCCEEDED

@@ -338,6 +338,9 @@ def test_racing_submissions_with_one_key_get_one_201_and_an_empty_key_is_refused
     assert len({a.json()["id"] for a in answers}) == 1
     empty = submit(client(service, tokens["write"]), body, **{"Idempotency-Key": ""})
     assert empty.status_code == 422 and "idempotency-key" in str(empty.json()["detail"][0]["loc"]).lower(), empty.text
+    # The schedules' retune jobs have keys of their own: a user's key there could block or hijack one.
+    reserved = submit(client(service, tokens["write"]), body, **{"Idempotency-Key": "Optico-retune-tick-4"})
+    assert reserved.status_code == 422 and "reserved" in reserved.json()["detail"][0]["msg"], reserved.text
 
 
 def test_without_a_token_every_job_is_401_whether_it_exists_or_not(served: tuple[Service, dict[str, str]]):

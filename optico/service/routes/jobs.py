@@ -6,10 +6,12 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import PlainTextResponse
+from pydantic import AfterValidator
 
 from optico.pool.contract import IdempotencyConflict
 from optico.pool.lifecycle import JobStatus, LifecycleError
 from optico.report import job_report, report_markdown
+from optico.retune.retune import RESERVED_KEY_PREFIX
 from optico.service.bodies import spec_from_body
 from optico.service.deps import DIGITS, SQL_INT_MAX, JobDep, ReadToken, SettingsDep, StoreDep, WriteToken
 from optico.service.schemas import (
@@ -57,11 +59,19 @@ def _spec_error(exc: SpecError) -> HTTPException:
                          detail=[{"loc": loc, "msg": exc.reason, "type": "spec_error"}])
 
 
+def _users_key(key: str | None) -> str | None:
+    if key is not None and key.lower().startswith(RESERVED_KEY_PREFIX):
+        # A user's key in the schedules' namespace could block or hijack a future retune job.
+        raise ValueError(f"keys starting with {RESERVED_KEY_PREFIX!r} are reserved for OptiCo's own jobs")
+    return key
+
+
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobView, openapi_extra=SPEC_BODY,
              responses={200: {"model": JobView, "description": "The job this Idempotency-Key created before."},
                         422: {"description": "Each invalid field with its path and reason."}, **ERRORS})
 async def create_job(request: Request, response: Response, store: StoreDep, settings: SettingsDep, _: WriteToken,
-                     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255)] = None) -> JobView:
+                     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=255),
+                                                AfterValidator(_users_key)] = None) -> JobView:
     """Submits a job for the workers. The same `Idempotency-Key` returns the same job (200)."""
     raw = await request.body()
     try:
