@@ -25,6 +25,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PositiveInt, Va
 
 from optico.errors import SpecError, loc_fields
 from optico.input_files import MAX_SPEC_BYTES, check_replay_csv, decode_text, read_text, resolve
+from optico.launchers.trial_env import is_optico_own
 from optico.perfmodel.constants import read_calibration
 from optico.programs import ProgramSpec
 from optico.rules import is_valid, violations
@@ -105,7 +106,8 @@ class LauncherSpec(BaseModel):
                                 "(KEY, TOKEN, SECRET, PASSWORD) are stored as *** and taken from the worker's own "
                                 "variable of that name at launch.")
     pass_env: list[str] = Field(default_factory=list, description="Names of the worker's environment variables "
-                                "passed to the training processes (e.g. WANDB_API_KEY); OPTICO_* never passes.")
+                                "passed to the training processes (e.g. WANDB_API_KEY); OPTICO_* and OPENAI_API_KEY "
+                                "never pass.")
     run_dir: str | None = Field(None, description="local/ray: where trial run directories go; None = "
                                                   "<data dir>/runs.")
     num_cpus_per_node: float = Field(1, gt=0, description="Ray: CPUs each node's bundle reserves (keep it small: "
@@ -126,8 +128,8 @@ class LauncherSpec(BaseModel):
         for name in names:
             if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name[:50]!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-            if name.startswith("OPTICO_"):
-                raise ValueError(f"{name}: OPTICO_* variables are the service's own and never reach a trial")
+            if is_optico_own(name):
+                raise ValueError(f"{name}: {OWN_REASON}")
         return names
 
 
@@ -478,6 +480,10 @@ def _path_field(value: Any, field: str) -> str:
     return value
 
 
+OWN_REASON = ("OptiCo's own variables (OPTICO_*, except OPTICO_BENCH_*, and OPENAI_API_KEY, its LLM key's fallback) "
+              "never reach a trial")
+
+
 def _launcher(raw: Any) -> LauncherSpec:
     launcher = _validated(LauncherSpec, _mapping(raw, "launcher"), "launcher")
     _check_limits(launcher, "launcher")
@@ -489,6 +495,10 @@ def _launcher(raw: Any) -> LauncherSpec:
                                             f"([A-Za-z_][A-Za-z0-9_]*)")
         if _CONTROL.search(value):
             raise SpecError(f"launcher.env.{name}", "holds a control, escape or invisible character")
+        if is_optico_own(name):
+            # A secret-looking value is stored as *** and filled from the worker's variable at launch:
+            # under one of OptiCo's own names that would hand the worker's LLM key to the trial.
+            raise SpecError(f"launcher.env.{name}", OWN_REASON)
     for key in ("data", "address", "run_dir", "framework_version"):
         _check_text(getattr(launcher, key), f"launcher.{key}")
     return launcher

@@ -8,7 +8,8 @@ LLM key, the database URL with its password, API tokens. It gets
 2. the spec's `launcher.env` on top (a value stored as `***` because its name looks secret is
    filled from the worker's variable of the same name, or left out);
 3. the variables named in `launcher.pass_env`, copied from the worker's environment.
-`OPTICO_*` never passes, except `OPTICO_BENCH_*` (the driver's own switches).
+`OPTICO_*` never passes, except `OPTICO_BENCH_*` (the driver's own switches), nor `OPENAI_API_KEY`
+(the LLM key's fallback), whichever of the three ways asks for it.
 """
 
 from __future__ import annotations
@@ -32,9 +33,19 @@ ALLOWED_PREFIXES = (
 )
 
 
+# Where OptiCo reads its own settings and secrets from: the LLM key falls back to OPENAI_API_KEY.
+OWN_NAMES = frozenset({"OPENAI_API_KEY"})
+
+
+def is_optico_own(name: str) -> bool:
+    """A variable of OptiCo's own (its settings, its LLM key): never copied from the worker into a trial,
+    whatever the spec asks (`launcher.env` with `***`, `launcher.pass_env`)."""
+    return (name.startswith("OPTICO_") and not name.startswith("OPTICO_BENCH_")) or name in OWN_NAMES
+
+
 def allowed(name: str) -> bool:
     """True when a worker variable of this name may reach a training process on its own."""
-    if name.startswith("OPTICO_") and not name.startswith("OPTICO_BENCH_"):
+    if is_optico_own(name):
         return False
     return name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
 
@@ -47,13 +58,15 @@ def trial_env(spec_env: Mapping[str, str] | None = None, pass_env: Iterable[str]
     secrets = set(known_secrets())
     env = {k: v for k, v in base.items() if allowed(k) and v not in secrets}
     for name, value in (spec_env or {}).items():
+        if is_optico_own(name):
+            continue  # refused at spec load too (a job stored before that is still held to it)
         if value == MASK:
             if name in base:
                 env[name] = base[name]
             continue
         env[name] = value
     for name in pass_env:
-        if name.startswith("OPTICO_"):
+        if is_optico_own(name):
             continue  # refused at spec load too; never ours
         if name in base:
             env[name] = base[name]

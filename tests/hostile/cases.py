@@ -225,6 +225,10 @@ FIELD_CASES: list[tuple[str, Any, str]] = [
     ("launcher", {"pass_env": [f"V{i}" for i in range(600)]}, "launcher.pass_env"),
     ("launcher", {"timeout_s": 1e300}, "launcher.timeout_s"),
     ("launcher", {"env": {"A=B": "x"}}, "launcher.env"),
+    # *** under a secret name is filled from the worker's variable at launch: never from OptiCo's own.
+    ("launcher", {"env": {"OPTICO_LLM_API_KEY": "***"}}, "launcher.env.OPTICO_LLM_API_KEY"),
+    ("launcher", {"env": {"OPENAI_API_KEY": "***"}}, "launcher.env.OPENAI_API_KEY"),
+    ("launcher", {"pass_env": ["OPENAI_API_KEY"]}, "launcher.pass_env"),
     ("launcher", {"env": {"PATH": 1}}, "launcher.env.PATH"),
     ("launcher", {"env": {f"V{i}": "x" for i in range(600)}}, "launcher.env"),
     ("launcher", {"program": {"kind": "nemo"}}, "launcher.program"),

@@ -178,14 +178,17 @@ def test_training_processes_never_see_our_secrets(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("OPTICO_DATABASE_URL", f"postgresql://optico:{password}@db/optico")
     monkeypatch.setenv("OPTICO_SERVICE_TOKEN", "optico_w_service-token-value-xyz")
     monkeypatch.setenv("WANDB_API_KEY", "wandb-from-worker-42")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-fallback-key-987654321")
     monkeypatch.setenv("UNRELATED_VAR", "not-allowlisted")
     monkeypatch.setenv("NCCL_DEBUG", "WARN")
     program = MegatronLMProgram(kind="megatron-lm",
                                 command=fake_command("--fake-record", "{run_dir}", "--fake-print-env"),
                                 train_iters=4, warmup_iters=1)
     launcher = LocalLauncher(program, run_dir=tmp_path / "runs", timeout_s=120, hang_s=60,
-                             env={"OMP_NUM_THREADS": "1", "WANDB_API_KEY": "***", "MY_FLAG": "on"},
-                             pass_env=["HF_TOKEN_PATH"])
+                             env={"OMP_NUM_THREADS": "1", "WANDB_API_KEY": "***", "MY_FLAG": "on",
+                                  # refused at spec load; a job stored before that is held to it here
+                                  "OPTICO_LLM_API_KEY": "***", "OPENAI_API_KEY": "***"},
+                             pass_env=["HF_TOKEN_PATH", "OPENAI_API_KEY", "OPTICO_SERVICE_TOKEN"])
     monkeypatch.setenv("HF_TOKEN_PATH", "/secrets/hf")
     w = tiny(gpu="h100-sxm", gbs=4)
     result = asyncio.run(launcher.launch(w, strategy_from_mapping({"tp": 1}), trial_key="job1-trial1"))
@@ -193,7 +196,7 @@ def test_training_processes_never_see_our_secrets(tmp_path: Path, monkeypatch: p
     env = json.loads((Path(result.log_path).parent / "env-rank0.json").read_text())
     assert not [k for k in env if k.startswith("OPTICO_") and k not in ("OPTICO_RUN_TOKEN",)
                 and not k.startswith("OPTICO_BENCH_")]
-    assert key not in json.dumps(env) and password not in json.dumps(env)
+    assert key not in json.dumps(env) and password not in json.dumps(env) and "OPENAI_API_KEY" not in env
     assert "UNRELATED_VAR" not in env and env["NCCL_DEBUG"] == "WARN" and env["MY_FLAG"] == "on"
     assert env["WANDB_API_KEY"] == "wandb-from-worker-42" and env["HF_TOKEN_PATH"] == "/secrets/hf"
     assert "RANK" in env and "PATH" in env  # what torchrun and Python need still passes
