@@ -339,3 +339,17 @@ def test_chart_labels_show_untrusted_text_literally():
     name = charts.compare_figure([(hostile, [])])["data"][0]["name"]
     assert "<" not in name and ">" not in name and name.startswith("#3 &lt;a href=")
     assert "&amp; &lt;b&gt;bold&lt;/b&gt;" in name
+
+    # The workload history page: a job's name, its framework version and a schedule's name alike.
+    from datetime import datetime, timezone
+
+    from optico.service.dashboard.views import _history_figure
+
+    when = datetime(2026, 11, 26, tzinfo=timezone.utc)
+    point = {"job": 3, "name": hostile, "version": '<a href="https://evil.example/v">v</a>', "mfu": 0.5,
+             "when": when, "strategy": "TP1"}
+    tick = {"when": when, "after": 0.5, "new_best": 0.55, "schedule": hostile, "outcome": "regression",
+            "version": "<b>25</b>", "retune_job": 4}
+    figure = _history_figure([point], [tick])
+    labels = [t["name"] for t in figure["data"]] + [x for t in figure["data"] for x in t.get("text", [])]
+    assert labels and not [label for label in labels if "<" in label or ">" in label], labels

@@ -292,9 +292,9 @@ def _history_figure(points: list[dict[str, Any]], ticks: list[dict[str, Any]]) -
     by_version: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in points:
         by_version[p["version"]].append(p)
-    data = [{"type": "scatter", "mode": "markers", "name": f"version {version}",
+    data = [{"type": "scatter", "mode": "markers", "name": charts.plotly_text(f"version {version}"),
              "x": [p["when"].isoformat() for p in ps], "y": [round(100 * p["mfu"], 2) for p in ps],
-             "text": [f"#{p['job']} {p['name']}: {p['strategy']}" for p in ps], "marker": {"size": 10}}
+             "text": [charts.plotly_text(f"#{p['job']} {p['name']}: {p['strategy']}") for p in ps], "marker": {"size": 10}}
             for version, ps in by_version.items()]
     incumbent, best = [], None
     for p in points:
@@ -306,13 +306,13 @@ def _history_figure(points: list[dict[str, Any]], ticks: list[dict[str, Any]]) -
     if measured:
         data.append({"type": "scatter", "mode": "markers", "name": "incumbent re-measured (tick)",
                      "x": [t["when"].isoformat() for t in measured], "y": [round(100 * t["after"], 2) for t in measured],
-                     "text": [f"{t['schedule']}: {t['outcome']} under {t['version']}" for t in measured],
+                     "text": [charts.plotly_text(f"{t['schedule']}: {t['outcome']} under {t['version']}") for t in measured],
                      "marker": {"symbol": "diamond-open", "size": 12, "color": "#cf222e"}})
     retuned = [t for t in ticks if t["new_best"] is not None]
     if retuned:
         data.append({"type": "scatter", "mode": "markers", "name": "retune's best",
                      "x": [t["when"].isoformat() for t in retuned], "y": [round(100 * t["new_best"], 2) for t in retuned],
-                     "text": [f"{t['schedule']}: job {t['retune_job']}" for t in retuned],
+                     "text": [charts.plotly_text(f"{t['schedule']}: job {t['retune_job']}") for t in retuned],
                      "marker": {"symbol": "star", "size": 13, "color": "#1a7f37"}})
     return {"data": data, "layout": {"yaxis": {"title": {"text": "best MFU %"}}, "margin": {"t": 30, "r": 20, "b": 50,
                                                                                         "l": 60},
