@@ -148,6 +148,7 @@ class ScheduleSql:
         with self._session() as s:
             row = self._schedule_row(s, name, lock=True)
             row.next_fire_at = self._stamp(self._now(s))
+            row.run_requested = True
             s.flush()
             return _schedule(row)
 
@@ -187,7 +188,9 @@ class ScheduleSql:
             if cron:
                 row.next_fire_at = self._stamp(next_fire_at)
             row.locked_by, row.locked_until = worker, self._stamp(now + timedelta(seconds=lock_s))
-            tick = TickRow(schedule_id=row.id, trigger="cron" if cron else "manual",
+            manual = not cron or row.run_requested
+            row.run_requested = False
+            tick = TickRow(schedule_id=row.id, trigger="manual" if manual else "cron",
                            due_at=self._stamp(due_at) if cron else None, status="running", worker=worker, report={},
                            job_key=uuid.uuid4().hex)
             s.add(tick)

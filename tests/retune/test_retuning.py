@@ -100,7 +100,7 @@ def test_two_schedulers_on_one_database_fire_a_slot_once(store: SqlStore, db_url
     ticks = [t for got in fired.values() for t in got]
     assert len(ticks) == 1, fired
     tick = ticks[0]
-    assert tick.trigger == "cron" and tick.due_at == slot and tick.status == "retuning"
+    assert tick.trigger == "manual" and tick.due_at == slot and tick.status == "retuning"  # made due by fire_now
     assert tick.outcome in ("regression", "improvement")
     assert store.get_schedule("nightly").next_fire_at > slot  # the slot moved on to the next cron time
     retunes = [j for j in store.list_jobs(100) if j.name.endswith(f"(tick {tick.id})")]

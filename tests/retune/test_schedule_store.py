@@ -35,12 +35,17 @@ def test_a_cron_slot_is_claimed_once_and_moves_on(store: SqlStore) -> None:
     following = due.next_fire_at + timedelta(days=1)
     tick = store.claim_tick("a", "w1", 30, due_at=due.next_fire_at, next_fire_at=following)
     assert tick is not None and tick.status == "running" and tick.due_at == due.next_fire_at
+    assert tick.trigger == "manual"  # made due by fire_now (`POST .../run`): not a cron slot of its own
     # The slot has moved on: a replica that saw the old slot gets nothing, even once the lock is free.
     assert store.claim_tick("a", "w2", 30, due_at=due.next_fire_at, next_fire_at=following) is None
     store.record_tick(tick.id, "w1", "done", TickVerdict(outcome="no-change"))
     assert store.claim_tick("a", "w2", 30, due_at=due.next_fire_at, next_fire_at=following) is None
     assert store.get_schedule("a").next_fire_at == following
     assert store.due_schedules() == []
+    # The next slot, reached by the clock alone, is the cron's.
+    slot = store.claim_tick("a", "w1", 30, due_at=following, next_fire_at=following + timedelta(days=1))
+    assert slot is not None and slot.trigger == "cron"
+    store.record_tick(slot.id, "w1", "done", TickVerdict(outcome="no-change"))
     # The database refuses a second tick of one slot whatever the code above does.
     schedule_id = store.get_schedule("a").id
     with store.engine.begin() as conn:

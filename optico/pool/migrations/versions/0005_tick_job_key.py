@@ -1,4 +1,5 @@
-"""optico_schedule_ticks.job_key: a random key per tick for its retune job's Idempotency-Key.
+"""optico_schedule_ticks.job_key: a random key per tick for its retune job's Idempotency-Key;
+optico_schedules.run_requested: a tick fired by `POST .../run` is recorded as manual, not cron.
 
 A key built from the tick id was not unique for all time: SQLite hands a removed schedule's tick ids
 out again, and the new schedule's first tune adopted the old schedule's job. Ticks from before this
@@ -25,8 +26,12 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     with op.batch_alter_table("optico_schedule_ticks") as batch:
         batch.add_column(sa.Column("job_key", sa.String(64), nullable=True))
+    with op.batch_alter_table("optico_schedules") as batch:
+        batch.add_column(sa.Column("run_requested", sa.Boolean(), nullable=False, server_default=sa.false()))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("optico_schedules") as batch:
+        batch.drop_column("run_requested")
     with op.batch_alter_table("optico_schedule_ticks") as batch:
         batch.drop_column("job_key")
