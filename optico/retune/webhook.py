@@ -18,6 +18,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import urllib.error
@@ -59,6 +60,8 @@ def check_webhook_url(url: str) -> str:
     url = url.strip()
     if len(url) > 2000:
         raise ValueError("webhook_url: longer than 2000 characters")
+    if re.search(r"[\x00-\x20\x7f-\x9f]", url):
+        raise ValueError("webhook_url: holds a space or a control character")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - parsed lazily: a bad port raises here
@@ -68,12 +71,26 @@ def check_webhook_url(url: str) -> str:
         raise ValueError(f"webhook_url: must be an http:// or https:// URL, got scheme {parts.scheme or 'none'!r}")
     if not parts.hostname:
         raise ValueError("webhook_url: the URL has no host")
-    try:
-        literal = [str(ipaddress.ip_address(parts.hostname.split("%")[0]))]
-    except ValueError:
-        literal = []  # a name: resolved when the hook is sent
-    _check_addresses(parts.hostname, literal)
+    _check_addresses(parts.hostname, _literal_addresses(parts.hostname))
     return url
+
+
+def _literal_addresses(host: str) -> list[str]:
+    """The addresses a host names without DNS: an IP literal, the legacy IPv4 forms the resolver also
+    takes (127.1, 2130706433, 0x7f000001, 017700000001, 0) and localhost. Checked when the schedule is
+    saved, not only when the hook is sent; any other name is resolved then."""
+    try:
+        return [str(ipaddress.ip_address(host.split("%")[0]))]
+    except ValueError:
+        pass
+    if host == "localhost" or host.endswith(".localhost"):
+        return ["127.0.0.1"]
+    if re.fullmatch(r"[0-9a-fA-FxX.]+", host):
+        try:
+            return [socket.inet_ntoa(socket.inet_aton(host))]
+        except OSError:
+            return []
+    return []
 
 
 def _check_resolved(url: str) -> None:

@@ -71,7 +71,8 @@ def test_redirects_are_not_followed_and_a_slow_receiver_costs_at_most_the_timeou
 
 
 @pytest.mark.parametrize("url, reason", [("file:///etc/passwd", "scheme 'file'"), ("ftp://x/y", "scheme 'ftp'"),
-                                         ("https://", "no host"), ("hooks.example.com/x", "scheme 'none'")])
+                                         ("https://", "no host"), ("hooks.example.com/x", "scheme 'none'"),
+                                         ("https://hooks.example.com/\x1b]0;pwn\x07", "control character")])
 def test_only_http_urls_with_a_host(url: str, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
         check_webhook_url(url)
@@ -79,7 +80,10 @@ def test_only_http_urls_with_a_host(url: str, reason: str) -> None:
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:9/hook", "http://169.254.169.254/latest/meta-data",
-                                 "http://[::1]/x", "http://[::ffff:127.0.0.1]/x", "http://0.0.0.0/x"])
+                                 "http://[::1]/x", "http://[::ffff:127.0.0.1]/x", "http://0.0.0.0/x",
+                                 # forms the resolver reads as loopback too: refused when saved, not only when sent
+                                 "http://localhost:9/x", "http://127.1/x", "http://2130706433/x",
+                                 "http://0x7f000001/x", "http://017700000001/x", "http://0/x"])
 def test_loopback_and_link_local_receivers_are_refused_unless_allowed(url: str, monkeypatch: pytest.MonkeyPatch):
     # Anyone with a write token sets a schedule's URL; the server would POST from inside the network.
     monkeypatch.delenv("OPTICO_WEBHOOK_ALLOW_LOCAL", raising=False)
