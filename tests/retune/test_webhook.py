@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -96,6 +97,10 @@ def test_loopback_and_link_local_receivers_are_refused_unless_allowed(url: str, 
 def test_a_name_that_resolves_to_loopback_is_refused_when_sent(server: str, monkeypatch: pytest.MonkeyPatch):
     port = server.rsplit(":", 1)[1]
     monkeypatch.delenv("OPTICO_WEBHOOK_ALLOW_LOCAL")
-    assert check_webhook_url(f"http://localhost:{port}/hook")  # a name: checked when sent
-    assert "loopback or link-local" in str(post(f"http://localhost:{port}/hook", {"x": 1}))
+    # A name whose DNS answer is loopback (a rebinding name, say): this machine's resolver stands in.
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: real("127.0.0.1" if host == "hooks.rebind.test"
+                                                                           else host, *a, **k))
+    assert check_webhook_url(f"http://hooks.rebind.test:{port}/hook")  # a name: checked when sent
+    assert "loopback or link-local" in str(post(f"http://hooks.rebind.test:{port}/hook", {"x": 1}))
     assert _Receiver.received == []
