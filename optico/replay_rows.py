@@ -72,6 +72,16 @@ def replay_row(w: Workload, s: Strategy, *, result: RowResult, source: str, note
     return row
 
 
+# A spreadsheet opening the CSV runs a cell starting with one of these as a formula ("=cmd|...").
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(row: dict[str, Any]) -> dict[str, Any]:
+    """`row` with every text cell that a spreadsheet would read as a formula prefixed with a quote
+    (a job or model name is the user's text; numbers are left alone)."""
+    return {k: f"'{v}" if isinstance(v, str) and v.startswith(_FORMULA_STARTS) else v for k, v in row.items()}
+
+
 def trial_result(t: Trial) -> RowResult | None:
     """What a finished trial says about its configuration; None when it says nothing (lost, still
     running, an infrastructure fault, never measured)."""

@@ -7,9 +7,11 @@ Shared by `optico.cli` and `optico.bench.cli` (which `optico.cli` registers, so 
 
 from __future__ import annotations
 
-import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 import typer
 from rich.console import Console
@@ -39,6 +41,8 @@ def check_output_path(path: Path, option: str) -> None:
 
 def _check_output_path(path: Path, option: str) -> None:
     target = path.expanduser()
+    if target.is_symlink() and not target.exists():
+        fail(SpecError(option, f"{path} is a symbolic link to nothing"))
     if target.exists():
         if not target.is_file():
             fail(SpecError(option, f"{path} is not a regular file"))
@@ -53,5 +57,22 @@ def _check_output_path(path: Path, option: str) -> None:
         folder = folder.parent
     if not folder.is_dir():
         fail(SpecError(option, f"cannot create {path}: {folder} is not a directory"))
-    if not os.access(folder, os.W_OK | os.X_OK):
-        fail(SpecError(option, f"cannot create {path}: {folder} is not writable"))
+    try:  # a file made and removed at once: os.access says yes to root in /proc and /sys
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        fail(SpecError(option, f"cannot create {path}: {folder} is not writable ({exc.strerror or exc})"))
+
+
+@contextmanager
+def output_file(path: Path, option: str) -> Iterator[TextIO]:
+    """`path` opened for writing text, its missing folders made first (`check_output_path` allowed
+    them); a file system that refuses now (full, gone read-only) is the one-line error, not a traceback."""
+    target = path.expanduser()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle = target.open("w", newline="", encoding="utf-8")
+    except OSError as exc:
+        fail(SpecError(option, f"cannot write {path}: {exc.strerror or exc}"))
+    with handle:
+        yield handle

@@ -686,3 +686,14 @@ def test_the_model_s_fit_and_score_leave_impossible_rows_out(tmp_path: Path) -> 
     fit = subprocess.run(optico_cmd("perfmodel", "calibrate", "--data", str(path), "--out", str(tmp_path / "c.json"),
                                     "--max-evals", "2"), capture_output=True, text=True, timeout=300)
     assert "math domain error" not in fit.stderr and "Traceback" not in fit.stderr, fit.stderr
+
+
+def test_exported_text_cells_never_start_a_spreadsheet_formula(tmp_path: Path) -> None:
+    from optico.replay_rows import spreadsheet_safe
+
+    row = {"model": "=cmd|' /C calc'!A0", "source": "@SUM(A1)", "notes": "+1", "gpu": "h100-sxm", "tp": 2,
+           "mfu": 0.41, "recompute": "none", "step_time_s": ""}
+    safe = spreadsheet_safe(row)
+    assert (safe["model"], safe["source"], safe["notes"]) == ("'=cmd|' /C calc'!A0", "'@SUM(A1)", "'+1")
+    assert {k: v for k, v in safe.items() if k not in ("model", "source", "notes")} == \
+        {k: v for k, v in row.items() if k not in ("model", "source", "notes")}  # numbers and plain text as they were

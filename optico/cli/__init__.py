@@ -57,7 +57,9 @@ def _usage_reason(exc: typer.TyperException) -> str:
         if possibilities:
             reason += f" (did you mean {', '.join(sorted(possibilities))}?)"
         return reason
-    if isinstance(exc, typer.BadParameter):
+    if type(exc).__name__ == "MissingParameter":  # a BadParameter whose message is empty
+        return "required, and not given"
+    if isinstance(exc, typer.BadParameter) and exc.message:
         return exc.message  # format_message() would repeat the option's name
     return exc.format_message()
 

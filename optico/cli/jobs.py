@@ -14,7 +14,7 @@ from rich.text import Text
 
 from optico.cli.common import DatabaseOption, check_id, console, fail, open_store, shown_url
 from optico.cli.views import resume_hint, status_label, summary, trial_block, worker_gone
-from optico.terminal import check_output_path
+from optico.terminal import check_output_path, output_file
 from optico.textsafe import rich_text, terminal_text
 
 jobs_app = typer.Typer(no_args_is_help=True, help="Inspect tuning jobs in the pool.")
@@ -223,7 +223,7 @@ def jobs_export(job_id: int = typer.Argument(..., metavar="JOB_ID", show_default
     check_id(job_id, "JOB_ID")
     check_output_path(out, "--out")
     from optico.replay_csv import COLUMNS
-    from optico.replay_rows import trial_row
+    from optico.replay_rows import spreadsheet_safe, trial_row
 
     store, url = open_store(database, job=job_id)
     with store:
@@ -236,11 +236,9 @@ def jobs_export(job_id: int = typer.Argument(..., metavar="JOB_ID", show_default
             fail(f"JOB_ID: job {job_id} ran on the {launcher} launcher, whose trials measure nothing "
                  f"(export a job of the {' or '.join(_MEASURING_LAUNCHERS)} launcher)")
         trials = store.trials(job_id)
-    rows = [r for t in trials
+    rows = [spreadsheet_safe(r) for t in trials
             if (r := trial_row(job.spec.workload, t, job_id=job_id, job_name=job.spec.name, launcher=launcher))]
-    target = out.expanduser()
-    target.parent.mkdir(parents=True, exist_ok=True)  # check_output_path allowed the missing folders
-    with target.open("w", newline="") as f:
+    with output_file(out, "--out") as f:
         writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
         writer.writeheader()
         writer.writerows(rows)

@@ -12,7 +12,8 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from optico.cli.common import DatabaseOption, console, err, fail, open_store
+from optico.cli.common import DatabaseOption, check_output_path, console, err, fail, open_store
+from optico.terminal import output_file
 
 schedule_app = typer.Typer(no_args_is_help=True, help="Nightly retuning schedules: re-check a tuned workload "
                                                       "after framework upgrades.")
@@ -145,8 +146,8 @@ def schedule_run_now(
     from optico.retune.fire import run_now
     from optico.retune.tick import outcome_json
 
-    if json_out is not None and (json_out.is_dir() or not json_out.parent.is_dir()):
-        fail(f"--json: cannot write {json_out} (not a file in an existing directory)")
+    if json_out is not None:
+        check_output_path(json_out, "--json")
     store, url = open_store(database)
     with store:
         try:
@@ -160,7 +161,8 @@ def schedule_run_now(
             fail(str(exc))
         result = outcome_json(name, tick)
     if json_out is not None:
-        json_out.write_text(json.dumps(result, indent=2) + "\n")
+        with output_file(json_out, "--json") as f:
+            f.write(json.dumps(result, indent=2) + "\n")
     if tick.status == "failed":
         fail(f"tick {tick.id} failed: {result['error']}", code=1)
     console.print(_summary(result), highlight=False)

@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from optico.cli.common import DatabaseOption, check_id, check_output_path, console, err, fail, open_store, shown_url
+from optico.terminal import output_file
 from optico.cli.views import summary, trial_block
 from optico.spec import (
     ABLATIONS,
@@ -267,8 +268,8 @@ def tune(
         result = job_result(store, job_id)
         summary(result, console)
         if json_path:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps(result, indent=2) + "\n")
+            with output_file(json_path, "--json") as f:
+                f.write(json.dumps(result, indent=2) + "\n")
             console.print(Text(f"result written to {terminal_text(json_path, one_line=True)}"))
         final = store.get_job(job_id)
         if final.status is not JobStatus.SUCCEEDED:

@@ -90,6 +90,7 @@ def assert_refused(outcome: Outcome, db: Path, field: str | None = None, *, star
     assert len(lines) == 1 and lines[0].startswith("error: "), outcome.stderr[-2000:]
     if field is not None:
         assert lines[0].startswith(f"error: {field}"), lines[0]
+    assert not lines[0].rstrip().endswith(":"), f"no reason given: {lines[0]}"
     assert outcome.seconds < SECONDS + startup_s, f"took {outcome.seconds:.1f} s"
     assert outcome.rss_growth < MEMORY_BYTES, f"peak RSS grew by {outcome.rss_growth >> 20} MiB"
     assert job_rows(db) == 0, "a job row was written"

@@ -23,6 +23,12 @@ def spec(tmp_path: Path) -> str:
     return str(path)
 
 
+def _dangling(tmp_path: Path) -> str:
+    link = tmp_path / "result.json"
+    link.symlink_to(tmp_path / "gone" / "result.json")
+    return str(link)
+
+
 def _not_a_db(tmp_path: Path) -> str:
     path = tmp_path / "notes.txt"
     path.write_text("not a database\n" * 100)
@@ -46,6 +52,15 @@ ARGS = [
      "--database"),
     ("--json under a file", lambda s, t: ["tune", s, "--json", "/etc/hostname/result.json"], "--json"),
     ("--json is a directory", lambda s, t: ["tune", s, "--json", str(t)], "--json"),
+    # os.access says yes to root there; no file can be made in it (it failed after the whole job)
+    ("--json under /proc", lambda s, t: ["tune", s, "--json", "/proc/optico-nowhere/result.json"], "--json"),
+    ("--json a symbolic link to nothing", lambda s, t: ["tune", s, "--json", _dangling(t)], "--json"),
+    ("jobs export --out a symbolic link to nothing", lambda s, t: ["jobs", "export", "1", "--out", _dangling(t)],
+     "--out"),
+    ("jobs export without --out", lambda s, t: ["jobs", "export", "1"], "--out"),
+    ("token create without --scope", lambda s, t: ["token", "create", "someone"], "--scope"),
+    ("schedule add without --spec", lambda s, t: ["schedule", "add", "n1"], "--spec"),
+    ("jobs show without an id", lambda s, t: ["jobs", "show"], "JOB_ID"),
     ("--max-trials negative", lambda s, t: ["tune", s, "--max-trials", "-1"], "--max-trials"),
     ("--max-trials huge", lambda s, t: ["tune", s, "--max-trials", "1" + "0" * 30], "--max-trials"),
     ("--max-trials float", lambda s, t: ["tune", s, "--max-trials", "2.5"], "--max-trials"),
