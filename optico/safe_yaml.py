@@ -156,6 +156,10 @@ def check_graph(root: Node) -> None:
                 raise _refuse(f"a value longer than {MAX_SCALAR_CHARS} characters", node)
             if "\x00" in node.value:
                 raise _refuse("a value holds a NUL character", node)
+            if _SURROGATE.search(node.value):
+                # JSON writes a character beyond the BMP as a pair of escapes ("\ud83e\udd99", Python's
+                # json.dumps does), which YAML reads as two surrogates: joined, they are the character.
+                node.value = node.value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
             if _SURROGATE.search(node.value):  # "\ud800": no encoder (terminal, SQLite, JSON) takes it
                 raise _refuse("a value holds a lone surrogate (not a Unicode character)", node)
         open_path.add(key)

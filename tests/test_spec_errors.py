@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from optico.errors import SpecError
 from optico.spec import parse_spec_text
 from tests.conftest import optico_cmd
 
@@ -92,3 +93,11 @@ def test_exponent_floats_are_numbers_in_yaml_and_json_bodies_alike():
     body = json.dumps({**yaml.safe_load(GOOD), "launcher": {"kind": "sim", "noise": 0.00001}})
     assert "1e-05" in body and parse_spec_text(body).launcher.noise == 1e-05
     assert parse_spec_text(GOOD.replace("name: t", "name: '1e5'")).name == "1e5"  # quoted, still a string
+
+
+def test_json_escapes_of_a_character_beyond_the_bmp_read_as_that_character():
+    # json.dumps writes an emoji as two escaped surrogates; YAML alone would see two lone ones and refuse.
+    body = json.dumps({**yaml.safe_load(GOOD), "name": "llama \U0001f999 run"})
+    assert "\\ud83e\\udd99" in body and parse_spec_text(body).name == "llama \U0001f999 run"
+    with pytest.raises(SpecError, match="lone surrogate"):
+        parse_spec_text(json.dumps({**yaml.safe_load(GOOD), "name": "x\ud800"}))
