@@ -236,3 +236,15 @@ def test_a_hostile_out_path_is_escaped_when_written(tmp_path):
     assert "\x1b" not in proc.stdout + proc.stderr
     assert "[red]x\\x1b]0;pwned" in proc.stdout
     assert json.loads(out.read_text())["mem_overhead_gib"] >= 0
+
+
+def test_every_file_after_holdout_is_held_out_not_fitted(tmp_path):
+    # `--holdout a.csv b.csv` (a shell glob): b was read as one more --data file and fitted on.
+    three_b = H100_CSV.with_name("h100-llama3.2-3b.csv")
+    proc = perfmodel(tmp_path, "calibrate", "--data", str(PACKAGED_OPTICO_CSV), "--holdout", str(H100_CSV),
+                     str(three_b), "--max-evals", "2")
+    assert proc.returncode == 0, proc.stderr
+    held = proc.stdout[proc.stdout.index("held out: before"):]
+    fitted = proc.stdout[:proc.stdout.index("held out: before")]
+    assert H100_CSV.name in held and three_b.name in held
+    assert H100_CSV.name not in fitted and three_b.name not in fitted

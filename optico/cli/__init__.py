@@ -69,7 +69,9 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
     from optico.cli.common import fail
 
     try:
-        result = app(args=list(argv) if argv is not None else None, prog_name="optico", standalone_mode=False)
+        args = list(argv) if argv is not None else sys.argv[1:]
+        # The command line as typed goes along: `--data a b --holdout c d` needs its order (`files_of`).
+        result = app(args=args, prog_name="optico", standalone_mode=False, obj={"argv": args})
     except typer.TyperException as exc:  # click's usage errors, vendored by typer
         if type(exc).__name__ == "NoArgsIsHelpError":  # `optico`, `optico jobs`: the help is the answer
             exc.show()

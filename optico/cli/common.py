@@ -23,6 +23,28 @@ console = Console(emoji=False)  # ":x:" in a file name is text, not an emoji
 # `--data a.csv b.csv` (a shell glob) and `--data a.csv --data b.csv` work.
 # Hidden from the argument list (its type would show as <list[Path]>); --data's help says it.
 MoreFilesArgument = typer.Argument(None, metavar="[FILE.csv ...]", show_default=False, hidden=True)
+
+
+def files_of(ctx: typer.Context, option: str, more: list[Path] | None, options: tuple[str, ...]) -> list[Path]:
+    """The extra (positional) files that followed `option` on the command line rather than another of
+    `options`: `--data a.csv b.csv --holdout c.csv d.csv` holds out c and d, not only c (a shell glob
+    after --holdout was fitted on)."""
+    argv = (ctx.find_root().obj or {}).get("argv") or []
+    pending, mine, current = [str(p) for p in more or []], [], options[0]
+    tokens = iter(argv)
+    for token in tokens:
+        name = token.split("=", 1)[0]
+        if name in options:
+            current = name
+            if "=" not in token:
+                next(tokens, None)  # the option's own value
+        elif pending and token == pending[0]:
+            pending.pop(0)
+            if current == option:
+                mine.append(Path(token))
+    return mine
+
+
 DatabaseOption = typer.Option(None, "--database", envvar="OPTICO_DATABASE_URL", metavar="URL",
                               help="SQLAlchemy URL of the pool (default: SQLite in the user data dir).")
 # Job ids are SQL integers: anything outside this range is no job and must not reach the driver.

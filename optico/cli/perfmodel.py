@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from optico.cli.common import MoreFilesArgument, check_output_path, console, err, fail, require_files
+from optico.cli.common import MoreFilesArgument, check_output_path, console, err, fail, files_of, require_files
 from optico.errors import SpecError, first_line
 from optico.perfmodel.constants import CALIBRATION_ENV, Constants, load_constants, read_calibration
 from optico.textsafe import markup, rich_text, terminal_text
@@ -167,6 +167,7 @@ def _check_fields(fields: list[str]) -> None:
 
 @perf_app.command("calibrate")
 def perfmodel_calibrate(
+    ctx: typer.Context,
     data: list[Path] = typer.Option(..., "--data", metavar="FILE.csv",
                                     help="Replay CSV file(s) to fit on (more may follow: --data a.csv b.csv)."),
     more: Optional[list[Path]] = MoreFilesArgument,
@@ -178,7 +179,8 @@ def perfmodel_calibrate(
                                               help="Fit only these constants (repeatable)."),
     holdout: Optional[list[Path]] = typer.Option(None, "--holdout", metavar="FILE.csv",
                                                  help="Measured rows kept out of the fit; evaluate's figures on "
-                                                      "them before and after (repeatable)."),
+                                                      "them before and after (more may follow: --holdout a.csv "
+                                                      "b.csv)."),
     start: Optional[str] = typer.Option(None, "--start", metavar="defaults|FILE.json",
                                         help="Constants to start from: 'defaults' (uncalibrated) or a JSON file "
                                              "(default: the calibration in use)."),
@@ -188,8 +190,9 @@ def perfmodel_calibrate(
     """Fit the model's free constants to measured rows; report evaluate's figures before and after."""
     from optico.perfmodel.calibrate import calibrate, worse_figures
 
-    data = [*data, *(more or [])]
-    holdout = list(holdout or [])
+    held = files_of(ctx, "--holdout", more, ("--data", "--holdout"))
+    data = [*data, *(f for f in more or [] if f not in held)]
+    holdout = [*(holdout or []), *held]
     _finite(prior, "--prior")
     _check_fields(field or [])
     require_files("--data", data)
@@ -234,6 +237,8 @@ def perfmodel_calibrate(
             _write_failed(out, "--out", exc)
         console.print(f"constants written to {markup(out)}; select them with {CALIBRATION_ENV}={markup(out)}",
                       highlight=False)
+    else:
+        console.print("constants not saved: give --out FILE.json to keep them", highlight=False)
 
 
 @perf_app.command("crossvalidate")
