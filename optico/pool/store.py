@@ -382,6 +382,7 @@ class SqlStore(ScheduleSql, Store):
                 row.stop_reason = redact.redact(reason)
             if to is JobStatus.QUEUED:
                 row.stop_reason, row.finished_at = None, None
+                row.origin = "queue"  # queued again (`jobs resume`, the API): the workers' now, whoever started it
             self._append_event(s, job_id, JobStateChanged(status=to.value, previous=current.value,
                                                           reason=redact.redact(reason) if reason else None,
                                                           worker=worker))

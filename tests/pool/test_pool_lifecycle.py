@@ -101,6 +101,18 @@ def test_claim_takes_the_oldest_queue_job_once(store: SqlStore) -> None:
     assert kinds == ["state", "state", "lease"]
 
 
+def test_a_cli_job_queued_again_is_the_workers(store: SqlStore) -> None:
+    # `optico tune` interrupted, then `optico jobs resume` (or the API): it was queued and never claimed.
+    job_id = store.create_job(make_spec("mine"), origin="cli")
+    store.claim_job("tune", 60, job_id=job_id)
+    store.transition(job_id, S.INTERRUPTED, worker="tune")
+    store.release_lease(job_id, "tune")
+    assert store.claim_job("w1", 60) is None  # interrupted under `optico tune`: its own to resume
+    store.transition(job_id, S.QUEUED)
+    got = store.claim_job("w1", 60)
+    assert got is not None and got.id == job_id and got.origin == "queue"
+
+
 def test_a_live_lease_refuses_another_worker_naming_the_holder(store: SqlStore) -> None:
     job_id = put_in(store, S.RUNNING, worker="alpha")
     with pytest.raises(LeaseHeld) as info:
