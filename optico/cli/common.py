@@ -16,6 +16,7 @@ from rich.console import Console
 from optico.errors import SpecError
 from optico.pool.models import SQL_INT_MAX
 from optico.terminal import check_output_path, err, fail  # noqa: F401 - every command imports them from here
+from optico.textsafe import markup
 
 console = Console(emoji=False)  # ":x:" in a file name is text, not an emoji
 
@@ -122,17 +123,21 @@ def pool_url(database: str | None) -> tuple[str, str]:
 
 
 def open_store(database: str | None, *, job: int | None = None, job_option: str = "JOB_ID",
-               absent: str | None = None):
+               absent: str | None = None, empty: str | None = None):
     """(the pool, its URL) — every failure to open it is a one-line error naming the option. With
     `job` (a command about one job) or `absent` (the error of a lookup of something else), a SQLite
-    pool that does not exist yet is that error, and is not created: a lookup that fails writes nothing."""
+    pool that does not exist yet is that error, and is not created: a lookup that fails writes nothing.
+    With `empty` (a listing), it is that line and exit 0: nothing to list, nothing created."""
     from optico.pool.store import SqlStore
     from optico.redact import redact
 
     url, option = pool_url(database)
-    if (job is not None or absent is not None) and _missing_sqlite_file(url):
+    if (job is not None or absent is not None or empty is not None) and _missing_sqlite_file(url):
         if job is not None:
             fail(SpecError(job_option, f"no job {job} in {shown_url(url)} (no pool there yet)"))
+        if empty is not None:
+            console.print(f"{empty} (no pool at {markup(shown_url(url), one_line=True)} yet)", highlight=False)
+            raise typer.Exit(0)
         fail(f"{absent} (no pool at {shown_url(url)} yet)")
     try:
         return SqlStore(url), url

@@ -54,7 +54,7 @@ def jobs_list(database: Optional[str] = DatabaseOption,
               limit: int = typer.Option(20, "--limit", min=1, max=MAX_LIST, metavar="N", help="How many."),
               wide: bool = typer.Option(False, "--wide", help="Full names and stop reasons (rows may wrap).")) -> None:
     """Jobs in the pool, newest first: one row each (--wide: everything, wrapped)."""
-    store, _ = open_store(database)
+    store, _ = open_store(database, empty="no jobs")
     with store:
         rows, gone = [], []
         for job in store.list_jobs(limit):

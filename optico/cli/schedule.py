@@ -85,7 +85,7 @@ def schedule_add(
 @schedule_app.command("list")
 def schedule_list(database: Optional[str] = DatabaseOption) -> None:
     """Every schedule: cron, next tick, incumbent and its MFU, last tick."""
-    store, _ = open_store(database)
+    store, _ = open_store(database, empty="no schedules")
     with store:
         table = Table("name", "workload", "cron", "next tick", "incumbent", "MFU", "last tick")
         for s in store.list_schedules():
@@ -148,7 +148,7 @@ def schedule_run_now(
 
     if json_out is not None:
         check_output_path(json_out, "--json")
-    store, url = open_store(database)
+    store, url = open_store(database, absent=f"schedule: no schedule named {name!r}")
     with store:
         try:
             store.get_schedule(name)

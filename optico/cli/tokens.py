@@ -37,7 +37,7 @@ def token_create(name: str = typer.Argument(..., help="A name to tell the token 
 @token_app.command("list")
 def token_list(database: Optional[str] = DatabaseOption) -> None:
     """Every token: name, scope, prefix, created, last used, revoked."""
-    store, _ = open_store(database)
+    store, _ = open_store(database, empty="no tokens")
     with store:
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         # The name is what `token revoke` needs: folded, never squeezed out (beside columns that may not

@@ -164,3 +164,13 @@ def test_a_lookup_of_a_job_in_a_pool_that_does_not_exist_creates_no_pool(argv, p
     outcome = run_in_process(argv)
     assert_refused(outcome, pool_env, "--resume" if argv[0] == "tune" else "JOB_ID")
     assert "no job 999" in outcome.stderr and not pool_env.exists()
+
+
+@pytest.mark.parametrize("argv", [["jobs", "list"], ["schedule", "list"], ["token", "list"],
+                                  ["schedule", "run-now", "nightly"], ["schedule", "show", "nightly"],
+                                  ["jobs", "show", "1"]])
+def test_lookups_and_listings_create_no_pool(argv: list[str], pool_env: Path):
+    outcome = run_in_process(argv)
+    assert outcome.exception is None and "Traceback" not in outcome.stderr
+    assert outcome.code in (0, 2) and "no pool" in outcome.stdout + outcome.stderr, outcome
+    assert not pool_env.exists(), "a lookup created the pool"
