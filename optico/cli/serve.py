@@ -11,6 +11,10 @@ from typing import Optional
 import typer
 
 from optico.cli.common import DatabaseOption, console, err, fail, open_store
+from optico.errors import SpecError
+
+# uvicorn's levels (trace is its own, below debug).
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def _loopback(host: str) -> bool:
@@ -43,7 +47,7 @@ def serve(
                                           help="Embedded job workers (default OPTICO_WORKERS, else 1)."),
     no_worker: bool = typer.Option(False, "--no-worker", help="Serve the API only; `optico worker` runs jobs."),
     database: Optional[str] = DatabaseOption,
-    log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level."),
+    log_level: str = typer.Option("info", "--log-level", help=f"Log level: {', '.join(LOG_LEVELS)}."),
 ) -> None:
     """Serve the REST API (and the job workers) over HTTP."""
     import uvicorn
@@ -51,6 +55,9 @@ def serve(
     from optico.redact import redact
     from optico.service.app import create_app
 
+    if log_level.lower() not in LOG_LEVELS:
+        fail(SpecError("--log-level", f"{log_level!r} is not one of {', '.join(LOG_LEVELS)}"))
+    log_level = log_level.lower()
     settings = _settings(database)
     count = 0 if no_worker else (settings.workers if workers is None else workers)
     store, _ = open_store(settings.database_url)  # migrates the schema before the first request

@@ -104,6 +104,7 @@ ARGS = [
     ("jobs resume id 0", lambda s, t: ["jobs", "resume", "0"], "JOB_ID"),
     ("serve with a dead database", lambda s, t: ["serve", "--database", "postgresql://u:hunter2@127.0.0.1:1/x"],
      "--database"),
+    ("serve --log-level unknown", lambda s, t: ["serve", "--log-level", "bogus"], "--log-level"),
     ("worker with a dead database", lambda s, t: ["worker", "--database", "postgresql://u:hunter2@127.0.0.1:1/x"],
      "--database"),
     ("jobs list --limit 0", lambda s, t: ["jobs", "list", "--limit", "0"], "--limit"),
