@@ -21,8 +21,9 @@ def _transition(job_id: int, to: str, reason: str, database: str | None) -> None
     check_id(job_id, "JOB_ID")
     store, url = open_store(database, job=job_id)
     with store:
-        try:
-            job = store.transition(job_id, JobStatus(to), reason=reason)
+        try:  # a stop is the API's: a queued job is cancelled, a running one finishes its trial
+            job = store.stop_job(job_id, "CLI") if to == "stopping" else \
+                store.transition(job_id, JobStatus(to), reason=reason)
         except KeyError:
             fail(SpecError("JOB_ID", f"no job {job_id} in {url}"))
         except LifecycleError as exc:
@@ -48,7 +49,7 @@ def jobs_submit(spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help=
 
 @jobs_app.command("stop")
 def jobs_stop(job_id: int, database: Optional[str] = DatabaseOption) -> None:
-    """Stop gracefully: the running trial finishes, no new one starts."""
+    """Stop gracefully: the running trial finishes, no new one starts; a queued job is cancelled."""
     _transition(job_id, "stopping", "stopped on request (CLI)", database)
 
 

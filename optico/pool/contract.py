@@ -351,6 +351,16 @@ class Store(ABC):
         ok = [t for t in self.trials(job_id) if t.status is TrialStatus.OK and t.metrics is not None]
         return max(ok, key=lambda t: (t.mfu or 0.0, -t.index)) if ok else None
 
+    def stop_job(self, job_id: int, who: str) -> JobRecord:
+        """A graceful stop: the running trial finishes and no new one starts; a job still queued is
+        cancelled (nothing runs to finish). Compare-and-set: a job claimed since it was read is stopped,
+        not cancelled (its running trial would be killed). `who` goes into the stop reason."""
+        try:
+            return self.transition(job_id, JobStatus.CANCELLED, reason=f"stopped before it started ({who})",
+                                   only_from=frozenset({JobStatus.QUEUED}))
+        except LifecycleError:
+            return self.transition(job_id, JobStatus.STOPPING, reason=f"stopped on request ({who})")
+
     def __enter__(self) -> Store:
         return self
 

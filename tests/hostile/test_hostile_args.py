@@ -175,3 +175,20 @@ def test_lookups_and_listings_create_no_pool(argv: list[str], pool_env: Path):
     assert outcome.exception is None and "Traceback" not in outcome.stderr
     assert outcome.code in (0, 2) and "no pool" in outcome.stdout + outcome.stderr, outcome
     assert not pool_env.exists(), "a lookup created the pool"
+
+
+def test_jobs_stop_cancels_a_queued_job_and_stops_a_running_one_like_the_api(spec: str, pool_env: Path):
+    from optico.pool.lifecycle import JobStatus
+    from optico.pool.store import SqlStore
+
+    assert run_in_process(["jobs", "submit", spec]).code == 0
+    assert run_in_process(["jobs", "submit", spec]).code == 0
+    with SqlStore(f"sqlite:///{pool_env}") as store:
+        running = store.claim_job("w1", 60)  # the oldest: job 1
+    stopped = run_in_process(["jobs", "stop", "1"])
+    queued = run_in_process(["jobs", "stop", "2"])
+    assert (stopped.code, queued.code) == (0, 0), (stopped, queued)
+    assert "job 1 is stopping" in stopped.stdout and "job 2 is cancelled" in queued.stdout
+    with SqlStore(f"sqlite:///{pool_env}") as store:
+        assert running.id == 1 and store.get_job(1).status is JobStatus.STOPPING
+        assert store.get_job(2).stop_reason == "stopped before it started (CLI)"

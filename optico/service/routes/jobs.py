@@ -148,14 +148,11 @@ def _control(store, job_id: int, to: JobStatus, reason: str) -> JobView:
 @router.post("/{job_id}/stop", response_model=JobView, responses=ERRORS)
 def stop_job(token: WriteToken, job: JobDep, store: StoreDep) -> JobView:
     """Graceful stop: the running trial finishes, no new one starts. A queued job is cancelled."""
-    if job.status is JobStatus.QUEUED:
-        try:  # only if still queued: a worker may have claimed it since it was read; then it is stopped
-            store.transition(job.id, JobStatus.CANCELLED, reason=f"stopped before it started (token {token.name})",
-                             only_from=frozenset({JobStatus.QUEUED}))
-            return _fresh_view(store, job.id)
-        except LifecycleError:
-            pass
-    return _control(store, job.id, JobStatus.STOPPING, f"stopped on request (token {token.name})")
+    try:
+        store.stop_job(job.id, f"token {token.name}")
+    except LifecycleError as exc:
+        raise _conflict(exc) from None
+    return _fresh_view(store, job.id)
 
 
 @router.post("/{job_id}/cancel", response_model=JobView, responses=ERRORS)
