@@ -199,11 +199,24 @@ def parse_number(cell: str | None, unit: str = "", header_unit: str = "") -> Any
     return value
 
 
+class WrongNumber(CellError):
+    """A cell that is a number, but no count: too large to be finite, negative, or a fraction. A row
+    with one is wrong, not vague: unlike a word ('auto'), it is never read as unknown."""
+
+
 def parse_int(cell: str | None) -> Any:
-    value = parse_number(cell)
+    """A positive count; 0 reads as unknown (tables write 0 for 'none': VPP, experts)."""
+    try:
+        value = parse_number(cell)
+    except CellError as err:
+        if "finite" in str(err):  # '1e999', 5,000 digits: a preset's value must not stand in for it
+            raise WrongNumber(str(err)) from None
+        raise
     if value is UNKNOWN:
         return UNKNOWN
-    if value != int(value) or value < 1:
+    if value < 0 or value != int(value):
+        raise WrongNumber(f"{_text(cell)[:40]!r} is not a positive integer")
+    if value == 0:
         raise CellError(f"{_text(cell)!r} is not a positive integer")
     return int(value)
 

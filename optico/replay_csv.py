@@ -83,6 +83,7 @@ from optico.parallel import ParallelDims
 from optico.replay_cells import (
     UNKNOWN,
     CellError,
+    WrongNumber,
     canonical_header,
     header_unit,
     parse_bool,
@@ -359,6 +360,9 @@ class _Parse:
     def integer(self, name: str) -> int | None:
         try:
             value = parse_int(self.cells.get(name))
+        except WrongNumber as err:
+            self.problems.append(f"{name} {err}")
+            return None
         except CellError as err:
             self.inferred.append(f"{name} {err} (read as unknown)")
             return None

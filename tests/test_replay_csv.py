@@ -697,3 +697,17 @@ def test_exported_text_cells_never_start_a_spreadsheet_formula(tmp_path: Path) -
     assert (safe["model"], safe["source"], safe["notes"]) == ("'=cmd|' /C calc'!A0", "'@SUM(A1)", "'+1")
     assert {k: v for k, v in safe.items() if k not in ("model", "source", "notes")} == \
         {k: v for k, v in row.items() if k not in ("model", "source", "notes")}  # numbers and plain text as they were
+
+
+@pytest.mark.parametrize(("cell", "read_as_unknown"), [("9" * 5000, False), ("1e999", False), ("-4", False),
+                                                        ("2.5", False), ("auto", True), ("0", True)])
+def test_a_layer_count_that_is_no_count_is_a_wrong_row_and_a_word_is_unknown(tmp_path: Path, cell: str,
+                                                                              read_as_unknown: bool) -> None:
+    # A 5,000-digit layer count was read as unknown and the preset's 32 layers stood in for it.
+    path = tmp_path / "n.csv"
+    path.write_text(f"{HEADER}\nLlama3-8B,{cell},4096,32,8,14336,128256,8192,A100-80GB,8,2,1,1,128,ok\n")
+    row = read_replay_file(path)[0][0]
+    if read_as_unknown:
+        assert row.read and "architecture from preset llama3-8b" in row.inferred, row.skip_reason
+    else:
+        assert not row.read and row.skip_reason.startswith("num_layers "), row.skip_reason
