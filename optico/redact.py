@@ -2,7 +2,7 @@
 
 Known secret values come from
 - the environment: every `OPTICO_*` variable (and `OPENAI_API_KEY`) whose name says it holds
-  a secret (KEY, TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL), and the password inside
+  a secret (`SECRET_NAME`: KEY, TOKEN, SECRET, PASSWORD, AUTH, COOKIE, ...), and the password inside
   `OPTICO_DATABASE_URL`;
 - values registered at run time (`register`): an LLM key from settings, a secret in a spec's
   `launcher.env`, a token just minted.
@@ -24,7 +24,9 @@ from typing import Any
 MASK = "***"
 
 # Names of environment variables whose values are secrets.
-SECRET_NAME = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)")
+# PASS and SAS only as whole words of a name (MY_PASS, AZURE_SAS): BYPASS, PASSTHROUGH hold no secret.
+SECRET_NAME = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|CREDS|AUTH|COOKIE|SIGNATURE"
+                         r"|(?:^|_)(?:PASS|SAS)(?:_|$))")
 
 # Shapes of credentials worth scrubbing even when they are not a configured value
 # (an endpoint that echoes a header, a URL with user:password).
@@ -38,6 +40,7 @@ _SHAPES = [
     # access key ids, Slack, Google API keys, GitLab, npm, PyPI.
     re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})"),
     re.compile(r"\bhf_[A-Za-z0-9]{30,}"),
+    re.compile(r"(?i)(?<=[?&]sig=)[A-Za-z0-9%+/=]{16,}"),  # an Azure SAS URL's signature
     re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
     re.compile(r"\bxox[abprs]-[A-Za-z0-9\-]{10,}"),
     re.compile(r"\bAIza[A-Za-z0-9_\-]{35}"),

@@ -103,8 +103,8 @@ class LauncherSpec(BaseModel):
                                                           "(default) or {kind: megatron-lm, command: [...]}.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment for the training processes, on top "
                                 "of an allowlist (PATH, CUDA_*, NCCL_*, ...). Values under secret-looking names "
-                                "(KEY, TOKEN, SECRET, PASSWORD) are stored as *** and taken from the worker's own "
-                                "variable of that name at launch.")
+                                "(KEY, TOKEN, SECRET, PASSWORD, AUTH, COOKIE, ...: optico.redact.SECRET_NAME) are "
+                                "stored as *** and taken from the worker's own variable of that name at launch.")
     pass_env: list[str] = Field(default_factory=list, description="Names of the worker's environment variables "
                                 "passed to the training processes (e.g. WANDB_API_KEY); OPTICO_* and OPENAI_API_KEY "
                                 "never pass.")

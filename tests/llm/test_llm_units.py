@@ -238,6 +238,17 @@ def test_well_known_token_formats_are_masked_under_any_name():
         assert redact(ordinary) == ordinary
 
 
+def test_secret_names_and_signed_urls():
+    from optico.redact import is_secret_name, redact
+
+    for name in ("MY_PASS", "DB_PASSPHRASE", "CREDS", "SESSION_COOKIE", "AZURE_SAS", "API_SIGNATURE", "HF_TOKEN"):
+        assert is_secret_name(name), name
+    for name in ("NCCL_BYPASS", "PASSTHROUGH", "NCCL_IB_HCA", "SASL_MECH", "OMP_NUM_THREADS"):
+        assert not is_secret_name(name), name  # a value under such a name is the user's, used as given
+    url = "https://a.blob.core.windows.net/c?sv=2020-08-04&sr=c&sp=r&sig=AbCdEfGhIjKlMnOpQrSt%2BUv%3D"
+    assert redact(url).endswith("&sig=***") and "sv=2020-08-04" in redact(url)
+
+
 def test_retry_after_header_forms():
     class Resp:
         def __init__(self, headers):
