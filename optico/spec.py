@@ -32,7 +32,7 @@ from optico.rules import is_valid, violations
 from optico.safe_yaml import load_yaml
 from optico.search_space import SearchSpace
 from optico.strategy import Strategy, canonical_field, strategy_from_mapping
-from optico.textsafe import BIDI, INVISIBLE, SEPARATORS, SURROGATES
+from optico.textsafe import BIDI, INVISIBLE, SEPARATORS, SURROGATES, has_visible
 from optico.workload import PRESETS, Cluster, Framework, ModelArch, Workload
 
 __all__ = ["Budget", "JobSpec", "LauncherSpec", "ReasonerSpec", "SpecError", "load_spec", "parse_spec",
@@ -544,6 +544,8 @@ def _name(name: Any) -> str:
         raise SpecError("name", f"must be 1 to {MAX_NAME_CHARS} characters, got {len(name):,}")
     if _CONTROL.search(name):
         raise SpecError("name", "must be printable text (no control, escape or bidi characters)")
+    if not has_visible(name):
+        raise SpecError("name", "shows nothing (only spaces or blank characters)")
     return name
 
 

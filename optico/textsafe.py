@@ -33,10 +33,18 @@ INVISIBLE = "\u00ad\u061c\u180e\u200b\u200e\u200f\u2060-\u2064\u206a-\u206f\ufef
 BIDI = "\u202a-\u202e\u2066-\u2069"  # embeddings, overrides and isolates: they reorder what follows
 SEPARATORS = "\u2028\u2029"  # line and paragraph separators: a terminal may treat them as newlines
 SURROGATES = "\ud800-\udfff"  # lone ones: undecodable bytes of a file name, which no encoder takes
+# Letters that print as nothing (Hangul fillers, the braille blank): a name of them and spaces looks empty.
+BLANK_LETTERS = "\u115f\u1160\u2800\u3164\uffa0"
 # C0 controls except TAB and LF, DEL, C1 controls, and every kind above: regex character-class bodies
 # that the spec's checks and the LLM answers' cleaning build on too.
 _UNSAFE = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{BIDI}{SEPARATORS}{SURROGATES}{INVISIBLE}]")
 _NEWLINES = re.compile(r"\r\n|\r|\n")
+
+
+def has_visible(text: str) -> bool:
+    """Whether `text` shows anything: a character that is neither a space nor a blank letter."""
+    return any(not ch.isspace() and ch not in BLANK_LETTERS for ch in text)
+
 
 # Long enough for any name, path or diagnosis a person reads; the rest is elided, not wrapped
 # over a thousand lines.

@@ -212,6 +212,8 @@ FIELD_CASES: list[tuple[str, Any, str]] = [
     ("launcher", {"env": {"X": "\x1b[31m"}}, "launcher.env.X"),
     ("name", 123, "name"),
     ("name", "", "name"),
+    ("name", "   ", "name"),
+    ("name", "\u3164\u2800\u3000", "name"),  # Hangul filler, braille blank, ideographic space: shows nothing
     ("seed", -1, "seed"),
     ("seed", 2**40, "seed"),
     ("seed", "1", "seed"),
