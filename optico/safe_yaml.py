@@ -36,15 +36,43 @@ ALLOWED_TAGS = frozenset(_TAG + t for t in ("str", "int", "float", "bool", "null
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_FLOATS = yaml.constructor.SafeConstructor()  # reads a float scalar as YAML does, for the check
 
 
 class YamlLimitError(yaml.MarkedYAMLError):
-    """The document breaks one of this module's bounds."""
+    """The document breaks one of this module's bounds; `field` is the dotted path of the value that
+    does ('workload.seq_length'), where one is known."""
+
+    field: str | None = None
 
 
-def _refuse(problem: str, node_or_mark: Any) -> YamlLimitError:
+def _refuse(problem: str, node_or_mark: Any, path: tuple[str, ...] | None = None) -> YamlLimitError:
     mark = getattr(node_or_mark, "start_mark", node_or_mark)
-    return YamlLimitError(problem=problem, problem_mark=mark)
+    error = YamlLimitError(problem=problem, problem_mark=mark)
+    error.field = ".".join(path) if path else None
+    return error
+
+
+def _scalar_problem(node: ScalarNode) -> str | None:
+    """What is wrong with a scalar's value as resolved (the constructor checks the same, later)."""
+    if len(node.value) > MAX_SCALAR_CHARS:
+        return f"a value longer than {MAX_SCALAR_CHARS} characters"
+    if "\x00" in node.value:
+        return "a value holds a NUL character"
+    if _SURROGATE.search(node.value):
+        # JSON writes a character beyond the BMP as a pair of escapes ("\ud83e\udd99", Python's
+        # json.dumps does), which YAML reads as two surrogates: joined, they are the character.
+        node.value = node.value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+    if _SURROGATE.search(node.value):  # "\ud800": no encoder (terminal, SQLite, JSON) takes it
+        return "a value holds a lone surrogate (not a Unicode character)"
+    if node.tag == _TAG + "int":
+        if ":" in node.value:  # YAML 1.1's base 60 ("1:30" is 90): a surprise, and unbounded by digits
+            return f"{node.value[:30]!r} is a base-60 integer; write the number (or quote a string)"
+        if sum(c.isalnum() for c in node.value) > MAX_INT_DIGITS:
+            return f"integer {node.value[:30]!r}... is too large"
+    if node.tag == _TAG + "float" and not math.isfinite(_FLOATS.construct_yaml_float(node)):
+        return f"{node.value[:30]!r} is not a finite number"
+    return None
 
 
 class BoundedSafeLoader(yaml.SafeLoader):
@@ -88,19 +116,19 @@ class BoundedSafeLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+    # A scalar reaches the constructor only once `check_graph` has passed it; these are the backstop
+    # for a caller that constructs without it.
     def construct_yaml_int(self, node: ScalarNode) -> int:
-        if ":" in node.value:  # YAML 1.1's base 60 ("1:30" is 90): a surprise, and unbounded by digits
-            raise _refuse(f"{node.value[:30]!r} is a base-60 integer; write the number (or quote a string)", node)
-        digits = sum(c.isalnum() for c in node.value)
-        if digits > MAX_INT_DIGITS:
-            raise _refuse(f"integer {node.value[:30]!r}... is too large", node)
+        problem = _scalar_problem(node)
+        if problem:
+            raise _refuse(problem, node)
         return super().construct_yaml_int(node)
 
     def construct_yaml_float(self, node: ScalarNode) -> float:
-        value = super().construct_yaml_float(node)
-        if not math.isfinite(value):
-            raise _refuse(f"{node.value!r} is not a finite number", node)
-        return value
+        problem = _scalar_problem(node)
+        if problem:
+            raise _refuse(problem, node)
+        return super().construct_yaml_float(node)
 
 
 BoundedSafeLoader.add_constructor(_TAG + "int", BoundedSafeLoader.construct_yaml_int)
@@ -122,15 +150,28 @@ def _children(node: Node) -> list[Node]:
     return []
 
 
+def _named_children(node: Node, path: tuple[str, ...]) -> list[tuple[Node, tuple[str, ...]]]:
+    """The children with the path of each: a mapping's value under its key, an item under its index."""
+    if isinstance(node, SequenceNode):
+        return [(child, (*path, str(i))) for i, child in enumerate(node.value)]
+    if isinstance(node, MappingNode):
+        out: list[tuple[Node, tuple[str, ...]]] = []
+        for key, value in node.value:
+            name = key.value[:60] if isinstance(key, ScalarNode) and isinstance(key.value, str) else "?"
+            out += [(key, path), (value, (*path, name))]
+        return out
+    return []
+
+
 def check_graph(root: Node) -> None:
     """Refuses disallowed tags, bad scalars, recursive aliases and a document whose expansion
     exceeds the bounds, without expanding it: sizes are summed over the node graph, each
     shared (aliased) node counted once per reference but computed once."""
     size: dict[int, tuple[int, int]] = {}  # id(node) -> (nodes, scalar characters) when expanded
     open_path: set[int] = set()  # nodes started and not finished: the current DFS path
-    stack: list[tuple[Node, bool]] = [(root, False)]
+    stack: list[tuple[Node, bool, tuple[str, ...]]] = [(root, False, ())]
     while stack:
-        node, finished = stack.pop()
+        node, finished, path = stack.pop()
         key = id(node)
         if finished:
             nodes, chars = 1, len(node.value) if isinstance(node, ScalarNode) else 0
@@ -150,21 +191,14 @@ def check_graph(root: Node) -> None:
             raise _refuse("an alias refers to a value that contains it (recursive alias)", node)
         if node.tag not in ALLOWED_TAGS:
             raise _refuse(f"tag {node.tag!r} is not allowed (strings, numbers, booleans, null, lists and "
-                          f"mappings only)", node)
+                          f"mappings only)", node, path)
         if isinstance(node, ScalarNode):
-            if len(node.value) > MAX_SCALAR_CHARS:
-                raise _refuse(f"a value longer than {MAX_SCALAR_CHARS} characters", node)
-            if "\x00" in node.value:
-                raise _refuse("a value holds a NUL character", node)
-            if _SURROGATE.search(node.value):
-                # JSON writes a character beyond the BMP as a pair of escapes ("\ud83e\udd99", Python's
-                # json.dumps does), which YAML reads as two surrogates: joined, they are the character.
-                node.value = node.value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
-            if _SURROGATE.search(node.value):  # "\ud800": no encoder (terminal, SQLite, JSON) takes it
-                raise _refuse("a value holds a lone surrogate (not a Unicode character)", node)
+            problem = _scalar_problem(node)
+            if problem:
+                raise _refuse(problem, node, path)
         open_path.add(key)
-        stack.append((node, True))
-        stack.extend((child, False) for child in _children(node) if id(child) not in size)
+        stack.append((node, True, path))
+        stack.extend((child, False, where) for child, where in _named_children(node, path) if id(child) not in size)
 
 
 def load_yaml(text: str) -> Any:

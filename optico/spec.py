@@ -626,6 +626,9 @@ def parse_spec_text(text: str | bytes, *, origin_name: str | None = None, base_d
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = " ".join(p for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p)
+        field = getattr(exc, "field", None)
+        if field:  # a value the loader refused, where it sits: the field first, like any other error
+            raise SpecError(field, f"{problem} ({where}, line {mark.line + 1})" if mark else problem) from None
         raise SpecError(where, f"not valid YAML{at}: {problem or str(exc).splitlines()[0]}") from None
     if data is None:
         raise SpecError(where, "is empty")
