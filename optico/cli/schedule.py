@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich import box
 from rich.table import Table
 
 from optico.cli.common import DatabaseOption, check_output_path, console, err, fail, open_store
@@ -30,6 +31,11 @@ def _pct(value: float | None) -> str:
 
 def _mfu(value: float | None) -> str:
     return f"{value:.1%}" if value is not None else "-"
+
+
+def _points(value: float | None) -> str:
+    """An MFU in percent without the sign (the header says %)."""
+    return f"{100 * value:.1f}" if value is not None else "-"
 
 
 @schedule_app.command("add")
@@ -113,13 +119,20 @@ def schedule_show(name: str, history: int = typer.Option(20, "--history", min=0,
     if inc:
         console.print(f"incumbent: {inc.strategy.short()}, MFU {_mfu(inc.mfu)}, measured under "
                       f"{describe(inc.fingerprint)}", highlight=False)
-    table = Table("tick", "started", "trigger", "status", "outcome", "MFU before", "after", "change", "noise",
-                  "retune job", "new best")
+    # Eleven figures in 80 columns: short dates, MFU before and after in one cell, change and noise in one.
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0))
+    for header, justify in (("tick", "right"), ("started", "left"), ("trigger", "left"), ("status", "left"),
+                            ("outcome", "left"), ("MFU %", "right"), ("change", "right"), ("job", "right"),
+                            ("best %", "right")):
+        table.add_column(header, justify=justify, no_wrap=True)
     for t in ticks:
         change = -t.regression_pct if t.regression_pct is not None else None
-        table.add_row(str(t.id), _when(t.started_at), t.trigger, t.status, t.outcome or "-", _mfu(t.mfu_before),
-                      _mfu(t.mfu_after), _pct(change), f"±{t.noise_pct:.1f}%" if t.noise_pct else "-",
-                      str(t.retune_job_id or "-"), _mfu(t.new_best_mfu))
+        mfu = "-" if t.mfu_before is None and t.mfu_after is None else \
+            f"{_points(t.mfu_before)}→{_points(t.mfu_after)}"
+        noise = f" ±{t.noise_pct:.1f}" if t.noise_pct else ""
+        table.add_row(str(t.id), t.started_at.strftime("%m-%d %H:%M") if t.started_at else "-", t.trigger, t.status,
+                      t.outcome or "-", mfu, f"{_pct(change)}{noise}" if change is not None else "-",
+                      str(t.retune_job_id or "-"), _points(t.new_best_mfu))
     console.print(table)
 
 

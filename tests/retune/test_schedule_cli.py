@@ -100,5 +100,9 @@ def test_add_list_run_now_across_an_upgrade_then_remove(run, run_here, spec_file
 
     shown = run_here("show", "nightly")
     assert shown.exit_code == 0 and upgraded["outcome"] in shown.stdout and "framework_version 25.01" in shown.stdout
+    narrow = run("show", "nightly", COLUMNS="80").stdout  # the history, every figure whole, in 80 columns
+    rows = narrow[narrow.index("tick "):].splitlines()
+    assert len(rows) == 5 and all(len(r) <= 80 and "…" not in r for r in rows), narrow
+    assert upgraded["outcome"] in narrow and f"{100 * upgraded['new_best_mfu']:.1f}" in narrow
     assert run_here("remove", "nightly").exit_code == 0
     assert "nightly" not in run_here("list").stdout
