@@ -211,7 +211,7 @@ class ScheduleRow(Base):
     # several replicas polling at once exactly one fires each slot.
     next_fire_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     # `POST .../run` made it due now: the tick that fires is recorded as manual, not as a cron slot.
-    run_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    run_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
     last_tick_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # The tick lock: the replica working on a tick (probe, re-measurement) holds it; a replica that
     # died lets the next one in once it has expired.

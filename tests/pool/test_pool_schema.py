@@ -62,6 +62,35 @@ def test_the_migrations_match_the_models(engine: Engine) -> None:
     assert schema_diff(engine) == []
 
 
+def test_migrating_through_0005_keeps_every_schedule_tick_and_event(engine: Engine) -> None:
+    # Alembic's SQLite batch mode rebuilds a table to add a column with an expression default, and with
+    # foreign keys on, dropping the old optico_schedules cascaded to every tick and event.
+    schema.upgrade(engine, "0004")
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO optico_schedules (name, spec, workload_key, cron, max_trials, next_fire_at) "
+                          "VALUES ('n', '{}', 'k', '0 2 * * *', 3, CURRENT_TIMESTAMP)"))
+        sid = conn.execute(text("SELECT id FROM optico_schedules")).scalar_one()
+        conn.execute(text("INSERT INTO optico_schedule_ticks (schedule_id, trigger, status, worker, report) "
+                          "VALUES (:s, 'cron', 'done', 'w', '{}')"), {"s": sid})
+        conn.execute(text("INSERT INTO optico_schedule_events (schedule_id, seq, kind, payload) "
+                          "VALUES (:s, 1, 'tick', '{}')"), {"s": sid})
+
+    def counts() -> tuple[int, int, int]:
+        with engine.connect() as conn:
+            return tuple(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()
+                         for t in ("optico_schedules", "optico_schedule_ticks", "optico_schedule_events"))
+
+    schema.upgrade(engine)
+    assert counts() == (1, 1, 1)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT run_requested FROM optico_schedules")).scalar_one() in (False, 0)
+        assert conn.execute(text("SELECT job_key FROM optico_schedule_ticks")).scalar_one() is None
+    schema.downgrade(engine, "0004")
+    assert counts() == (1, 1, 1)
+    schema.upgrade(engine)
+    assert counts() == (1, 1, 1) and schema_diff(engine) == []
+
+
 def test_upgrade_twice_is_harmless(engine: Engine) -> None:
     schema.upgrade(engine)
     schema.upgrade(engine)

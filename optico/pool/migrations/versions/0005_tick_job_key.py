@@ -5,6 +5,11 @@ A key built from the tick id was not unique for all time: SQLite hands a removed
 out again, and the new schedule's first tune adopted the old schedule's job. Ticks from before this
 revision keep the old key (NULL here), so a tick in flight across the upgrade starts no second job.
 
+Both columns are added in place (ALTER TABLE ... ADD/DROP COLUMN), never by rebuilding the table
+(Alembic's SQLite batch mode): with foreign keys on, dropping the old optico_schedules would
+cascade to every tick and schedule event. Hence a literal default ('0': false on both backends),
+which SQLite accepts in ADD COLUMN where it refuses an expression.
+
 Revision ID: 0005
 Revises: 0004
 Create Date: 2026-11-27
@@ -24,14 +29,11 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("optico_schedule_ticks") as batch:
-        batch.add_column(sa.Column("job_key", sa.String(64), nullable=True))
-    with op.batch_alter_table("optico_schedules") as batch:
-        batch.add_column(sa.Column("run_requested", sa.Boolean(), nullable=False, server_default=sa.false()))
+    op.add_column("optico_schedule_ticks", sa.Column("job_key", sa.String(64), nullable=True))
+    op.add_column("optico_schedules", sa.Column("run_requested", sa.Boolean(), nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("optico_schedules") as batch:
-        batch.drop_column("run_requested")
-    with op.batch_alter_table("optico_schedule_ticks") as batch:
-        batch.drop_column("job_key")
+    # Plain SQL: SQLite (3.35 on) and PostgreSQL drop a column in place; a rebuild would cascade.
+    op.execute("ALTER TABLE optico_schedules DROP COLUMN run_requested")
+    op.execute("ALTER TABLE optico_schedule_ticks DROP COLUMN job_key")
