@@ -240,9 +240,13 @@ def test_a_hostile_out_path_is_escaped_when_written(tmp_path):
 
 def test_every_file_after_holdout_is_held_out_not_fitted(tmp_path):
     # `--holdout a.csv b.csv` (a shell glob): b was read as one more --data file and fitted on.
+    import shutil
+
     three_b = H100_CSV.with_name("h100-llama3.2-3b.csv")
-    proc = perfmodel(tmp_path, "calibrate", "--data", str(PACKAGED_OPTICO_CSV), "--holdout", str(H100_CSV),
-                     str(three_b), "--max-evals", "2")
+    for f in (H100_CSV, three_b):
+        shutil.copy(f, tmp_path / f.name)  # relative paths as a shell glob gives them ("./x" is "x" to Path)
+    proc = perfmodel(tmp_path, "calibrate", "--data", str(PACKAGED_OPTICO_CSV), f"--holdout=./{H100_CSV.name}",
+                     f"./{three_b.name}", "--max-evals", "2")
     assert proc.returncode == 0, proc.stderr
     held = proc.stdout[proc.stdout.index("held out: before"):]
     fitted = proc.stdout[:proc.stdout.index("held out: before")]

@@ -10,6 +10,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+import click
 import typer
 from rich.console import Console
 
@@ -26,24 +27,28 @@ console = Console(emoji=False)  # ":x:" in a file name is text, not an emoji
 MoreFilesArgument = typer.Argument(None, metavar="[FILE.csv ...]", show_default=False, hidden=True)
 
 
-def files_of(ctx: typer.Context, option: str, more: list[Path] | None, options: tuple[str, ...]) -> list[Path]:
-    """The extra (positional) files that followed `option` on the command line rather than another of
-    `options`: `--data a.csv b.csv --holdout c.csv d.csv` holds out c and d, not only c (a shell glob
-    after --holdout was fitted on)."""
-    argv = (ctx.find_root().obj or {}).get("argv") or []
-    pending, mine, current = [str(p) for p in more or []], [], options[0]
-    tokens = iter(argv)
+def files_by_option(ctx: typer.Context, more: list[Path] | None, options: tuple[str, ...]) -> dict[str, list[Path]]:
+    """The extra (positional) files by the option they followed on the command line, the first of
+    `options` for those before any: `--data a.csv b.csv --holdout c.csv d.csv` holds out c and d,
+    not only c (a shell glob after --holdout was fitted on). Matched by position, so a file given
+    after both options counts for each."""
+    argv = list((ctx.find_root().obj or {}).get("argv") or [])
+    takes_value = {name for p in ctx.command.params if isinstance(p, click.Option) and not p.is_flag
+                   for name in p.opts}
+    pending = list(more or [])
+    found: dict[str, list[Path]] = {option: [] for option in options}
+    current = options[0]
+    tokens = iter(argv[argv.index(ctx.info_name) + 1:] if ctx.info_name in argv else argv)
     for token in tokens:
         name = token.split("=", 1)[0]
         if name in options:
             current = name
-            if "=" not in token:
-                next(tokens, None)  # the option's own value
-        elif pending and token == pending[0]:
-            pending.pop(0)
-            if current == option:
-                mine.append(Path(token))
-    return mine
+        if name in takes_value and "=" not in token:
+            next(tokens, None)  # the option's own value, not a positional file
+        elif not token.startswith("-") and pending and Path(token) == pending[0]:
+            found[current].append(pending.pop(0))
+    found[options[0]] += pending  # whatever could not be placed: as before, fitted on
+    return found
 
 
 DatabaseOption = typer.Option(None, "--database", envvar="OPTICO_DATABASE_URL", metavar="URL",

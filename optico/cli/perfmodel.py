@@ -13,7 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from optico.cli.common import MoreFilesArgument, check_output_path, console, err, fail, files_of, require_files
+from optico.cli.common import MoreFilesArgument, check_output_path, console, err, fail, files_by_option, require_files
 from optico.errors import SpecError, first_line
 from optico.perfmodel.constants import CALIBRATION_ENV, Constants, load_constants, read_calibration
 from optico.textsafe import markup, rich_text, terminal_text
@@ -190,9 +190,9 @@ def perfmodel_calibrate(
     """Fit the model's free constants to measured rows; report evaluate's figures before and after."""
     from optico.perfmodel.calibrate import calibrate, worse_figures
 
-    held = files_of(ctx, "--holdout", more, ("--data", "--holdout"))
-    data = [*data, *(f for f in more or [] if f not in held)]
-    holdout = [*(holdout or []), *held]
+    extra = files_by_option(ctx, more, ("--data", "--holdout"))
+    data = [*data, *extra["--data"]]
+    holdout = [*(holdout or []), *extra["--holdout"]]
     _finite(prior, "--prior")
     _check_fields(field or [])
     require_files("--data", data)
