@@ -36,7 +36,9 @@ ALLOWED_TAGS = frozenset(_TAG + t for t in ("str", "int", "float", "bool", "null
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_FLOATS = yaml.constructor.SafeConstructor()  # reads a float scalar as YAML does, for the check
+_SCALARS = yaml.constructor.SafeConstructor()  # reads a tagged scalar as YAML does, for the checks
+_TAGGED_KINDS = {_TAG + "int": "int", _TAG + "float": "float", _TAG + "bool": "bool"}
+_KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false"}
 
 
 class YamlLimitError(yaml.MarkedYAMLError):
@@ -54,15 +56,13 @@ def _refuse(problem: str, node_or_mark: Any, path: tuple[str, ...] | None = None
 
 
 def _scalar_problem(node: ScalarNode) -> str | None:
-    """What is wrong with a scalar's value as resolved (the constructor checks the same, later)."""
+    """What is wrong with a scalar's value as resolved (the constructor checks the same, later).
+    Normalizes on the way: a JSON pair of escaped surrogates becomes its character (`_joined`)."""
     if len(node.value) > MAX_SCALAR_CHARS:
         return f"a value longer than {MAX_SCALAR_CHARS} characters"
     if "\x00" in node.value:
         return "a value holds a NUL character"
-    if _SURROGATE.search(node.value):
-        # JSON writes a character beyond the BMP as a pair of escapes ("\ud83e\udd99", Python's
-        # json.dumps does), which YAML reads as two surrogates: joined, they are the character.
-        node.value = node.value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+    node.value = _joined(node.value)
     if _SURROGATE.search(node.value):  # "\ud800": no encoder (terminal, SQLite, JSON) takes it
         return "a value holds a lone surrogate (not a Unicode character)"
     if node.tag == _TAG + "int":
@@ -70,9 +70,24 @@ def _scalar_problem(node: ScalarNode) -> str | None:
             return f"{node.value[:30]!r} is a base-60 integer; write the number (or quote a string)"
         if sum(c.isalnum() for c in node.value) > MAX_INT_DIGITS:
             return f"integer {node.value[:30]!r}... is too large"
-    if node.tag == _TAG + "float" and not math.isfinite(_FLOATS.construct_yaml_float(node)):
-        return f"{node.value[:30]!r} is not a finite number"
+    kind = _TAGGED_KINDS.get(node.tag)
+    if kind is not None:
+        try:  # an explicit tag on text it cannot read (`!!bool maybe`, `!!int` alone) raised a KeyError
+            value = getattr(_SCALARS, f"construct_yaml_{kind}")(node)
+        except (ValueError, KeyError, IndexError, TypeError):
+            return f"{node.value[:30]!r} is not {_KIND_WORDS[kind]}"
+        if kind == "float" and not math.isfinite(value):
+            return f"{node.value[:30]!r} is not a finite number"
     return None
+
+
+def _joined(text: str) -> str:
+    """`text` with each pair of surrogates joined into the character it encodes: JSON writes a
+    character beyond the BMP as two escapes ("\ud83e\udd99", as json.dumps does), which YAML reads as
+    two surrogates. A lone one stays (and is refused)."""
+    if not _SURROGATE.search(text):
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
 
 
 class BoundedSafeLoader(yaml.SafeLoader):
@@ -157,8 +172,8 @@ def _named_children(node: Node, path: tuple[str, ...]) -> list[tuple[Node, tuple
     if isinstance(node, MappingNode):
         out: list[tuple[Node, tuple[str, ...]]] = []
         for key, value in node.value:
-            name = key.value[:60] if isinstance(key, ScalarNode) and isinstance(key.value, str) else "?"
-            out += [(key, path), (value, (*path, name))]
+            name = _joined(key.value)[:60] if isinstance(key, ScalarNode) and isinstance(key.value, str) else "?"
+            out += [(key, path), (value, (*path, name if not _SURROGATE.search(name) else ascii(name)))]
         return out
     return []
 
@@ -198,7 +213,9 @@ def check_graph(root: Node) -> None:
                 raise _refuse(problem, node, path)
         open_path.add(key)
         stack.append((node, True, path))
-        stack.extend((child, False, where) for child, where in _named_children(node, path) if id(child) not in size)
+        # Reversed onto the stack, so that children are checked in document order (an anchor before its aliases).
+        stack.extend((child, False, where) for child, where in reversed(_named_children(node, path))
+                     if id(child) not in size)
 
 
 def load_yaml(text: str) -> Any:

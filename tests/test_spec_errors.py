@@ -101,3 +101,14 @@ def test_json_escapes_of_a_character_beyond_the_bmp_read_as_that_character():
     assert "\\ud83e\\udd99" in body and parse_spec_text(body).name == "llama \U0001f999 run"
     with pytest.raises(SpecError, match="lone surrogate"):
         parse_spec_text(json.dumps({**yaml.safe_load(GOOD), "name": "x\ud800"}))
+
+
+def test_a_refused_value_is_named_where_it_is_written_first():
+    # An anchor comes before its aliases: the value is named there, with that line, and the first of
+    # two bad values is the one reported.
+    with pytest.raises(SpecError) as anchored:
+        parse_spec_text("name: x\nlauncher: {noise: &n .inf}\nworkload: {seq_length: *n}\n", origin_name="s.yaml")
+    assert (anchored.value.field, str(anchored.value).endswith("(s.yaml, line 2)")) == ("launcher.noise", True)
+    with pytest.raises(SpecError) as first:
+        parse_spec_text("seed: .nan\nname: .inf\n", origin_name="s.yaml")
+    assert first.value.field == "seed"

@@ -149,6 +149,12 @@ TEXT_CASES = [
     Case("lone surrogate in the name", good_yaml().replace("name: hostile", 'name: "x\\ud800"').encode(),
          "name"),
     Case("NUL in an env value", (good_yaml() + 'launcher: {env: {A: "x\\0y"}}\n').encode(), "launcher.env.A"),
+    Case("a tag on text it cannot read", (good_yaml() + "launcher: {noise: !!float abc}\n").encode(),
+         "launcher.noise"),
+    Case("a bool tag on a word", (good_yaml() + "reasoner: {require_llm: !!bool maybe}\n").encode(),
+         "reasoner.require_llm"),
+    Case("an emoji key over a bad value", (good_yaml() + 'launcher: {runtime_env: {"\\ud83e\\udd99": 1e999}}\n')
+         .encode(), "launcher.runtime_env.\U0001f999"),
     Case("boolean key", good_yaml().replace("precision: bf16", "precision: bf16\n  yes: 1").encode(), "spec.yaml"),
     Case("integer key", (good_yaml() + "1: one\n").encode(), "spec.yaml"),
     Case("unclosed flow", b"workload: [unclosed\n", "spec.yaml"),
