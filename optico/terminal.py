@@ -7,6 +7,7 @@ Shared by `optico.cli` and `optico.bench.cli` (which `optico.cli` registers, so 
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +33,7 @@ def fail(message: str | SpecError, code: int = 2) -> NoReturn:
 def check_output_path(path: Path, option: str) -> None:
     """Fails unless `path` can be written later (by a job that may run for hours): an existing
     regular file we may open for writing, or a new file whose nearest existing folder is a
-    writable directory. Nothing is created or changed."""
+    writable directory. Nothing is left behind (a probe file is made and removed at once)."""
     try:
         _check_output_path(path, option)
     except (OSError, ValueError) as exc:  # a name the file system refuses (too long, a NUL): stat() raises
@@ -67,12 +68,23 @@ def _check_output_path(path: Path, option: str) -> None:
 @contextmanager
 def output_file(path: Path, option: str) -> Iterator[TextIO]:
     """`path` opened for writing text, its missing folders made first (`check_output_path` allowed
-    them); a file system that refuses now (full, gone read-only) is the one-line error, not a traceback."""
+    them). Written to a temporary file beside it and moved into place at the end, so a failure (a
+    full disk, a file system gone read-only) leaves any earlier file whole and is the one-line
+    error, not a traceback."""
     target = path.expanduser()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        handle = target.open("w", newline="", encoding="utf-8")
+        handle = tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=".optico-", suffix=".part",
+                                             delete=False, newline="", encoding="utf-8")
     except OSError as exc:
         fail(SpecError(option, f"cannot write {path}: {exc.strerror or exc}"))
-    with handle:
-        yield handle
+    try:
+        with handle:
+            yield handle
+        os.replace(handle.name, target)
+    except OSError as exc:
+        Path(handle.name).unlink(missing_ok=True)
+        fail(SpecError(option, f"cannot write {path}: {exc.strerror or exc}"))
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise

@@ -192,3 +192,27 @@ def test_jobs_stop_cancels_a_queued_job_and_stops_a_running_one_like_the_api(spe
     with SqlStore(f"sqlite:///{pool_env}") as store:
         assert running.id == 1 and store.get_job(1).status is JobStatus.STOPPING
         assert store.get_job(2).stop_reason == "stopped before it started (CLI)"
+
+
+def test_a_write_that_fails_at_the_end_is_one_line_and_leaves_the_earlier_file(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                                 capsys: pytest.CaptureFixture):
+    import errno
+
+    import typer
+
+    from optico.terminal import output_file
+
+    target = tmp_path / "result.json"
+    target.write_text("the earlier result\n")
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)  # the disk fills as the file is moved into place
+    with pytest.raises(typer.Exit) as stop:
+        with output_file(target, "--json") as f:
+            f.write("{}\n")
+    assert stop.value.exit_code == 2
+    assert capsys.readouterr().err.strip().startswith("error: --json: cannot write")
+    assert target.read_text() == "the earlier result\n" and sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
