@@ -79,6 +79,10 @@ def _literal_addresses(host: str) -> list[str]:
     """The addresses a host names without DNS: an IP literal, the legacy IPv4 forms the resolver also
     takes (127.1, 2130706433, 0x7f000001, 017700000001, 0) and localhost. Checked when the schedule is
     saved, not only when the hook is sent; any other name is resolved then."""
+    try:  # as the resolver reads it: 'localhost.' and 'ｌｏｃａｌｈｏｓｔ' (IDNA folds it) are localhost
+        host = host.encode("idna").decode("ascii").rstrip(".").lower()
+    except UnicodeError:
+        host = host.rstrip(".").lower()
     try:
         return [str(ipaddress.ip_address(host.split("%")[0]))]
     except ValueError:

@@ -84,7 +84,10 @@ def test_only_http_urls_with_a_host(url: str, reason: str) -> None:
                                  "http://[::1]/x", "http://[::ffff:127.0.0.1]/x", "http://0.0.0.0/x",
                                  # forms the resolver reads as loopback too: refused when saved, not only when sent
                                  "http://localhost:9/x", "http://127.1/x", "http://2130706433/x",
-                                 "http://0x7f000001/x", "http://017700000001/x", "http://0/x"])
+                                 "http://0x7f000001/x", "http://017700000001/x", "http://0/x",
+                                 "http://localhost./x", "http://127.0.0.1./x", "http://127.1./x",
+                                 "http://\uff4c\uff4f\uff43\uff41\uff4c\uff48\uff4f\uff53\uff54/x",
+                                 "http://127\u30020\u30020\u30021/x"])
 def test_loopback_and_link_local_receivers_are_refused_unless_allowed(url: str, monkeypatch: pytest.MonkeyPatch):
     # Anyone with a write token sets a schedule's URL; the server would POST from inside the network.
     monkeypatch.delenv("OPTICO_WEBHOOK_ALLOW_LOCAL", raising=False)
