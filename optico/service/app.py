@@ -120,13 +120,16 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
     @app.middleware("http")
     async def allow_every_method(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature
         # Starlette's 405 names the methods of the first route on the path only (GET for
-        # /jobs/{id}, which also takes PATCH and DELETE): a client reading Allow must see them all.
+        # /jobs/{id}, which also takes PATCH): a client reading Allow must see them all. Every API
+        # operation, HEAD included, is in the schema.
         response = await call_next(request)
         if response.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+            path = request.scope["path"].removeprefix(request.scope.get("root_path", "")) or "/"
             methods = {m.strip() for m in response.headers.get("Allow", "").split(",") if m.strip()}
             methods |= {m.upper() for template, operations in app.openapi()["paths"].items()
-                        if compile_path(template)[0].fullmatch(request.url.path) for m in operations}
-            response.headers["Allow"] = ", ".join(sorted(methods))
+                        if compile_path(template)[0].fullmatch(path) for m in operations}
+            if methods:
+                response.headers["Allow"] = ", ".join(sorted(methods))
         return response
 
     @app.middleware("http")
