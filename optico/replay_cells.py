@@ -29,6 +29,10 @@ class CellError(ValueError):
     """A cell that holds something, but nothing this vocabulary can read."""
 
 
+class NotFinite(CellError):
+    """A number too large to be finite ('1e999', 5,000 digits): no measurement or count is."""
+
+
 # Cells that say the source does not give the value: read like an empty cell.
 UNKNOWN_MARKERS = frozenset({
     "", "?", "-", "--", "—", "–", "n/a", "na", "n.a.", "none stated", "not stated", "not given", "unknown",
@@ -173,7 +177,7 @@ def parse_number(cell: str | None, unit: str = "", header_unit: str = "") -> Any
         raise CellError(f"{text!r} is not a number")
     value = float(found.group(0))
     if not math.isfinite(value):  # '1e999', or 400 digits: no measurement or count is that large
-        raise CellError(f"{text[:40]!r} is not a finite number")
+        raise NotFinite(f"{text[:40]!r} is not a finite number")
     rest = cleaned[found.end():].strip()
     if rest[:1] in _SCALE and not rest.startswith(("mb", "ms", "min", "gb", "gib", "mib", "b/")):
         value *= _SCALE[rest[0]]
@@ -208,10 +212,8 @@ def parse_int(cell: str | None) -> Any:
     """A positive count; 0 reads as unknown (tables write 0 for 'none': VPP, experts)."""
     try:
         value = parse_number(cell)
-    except CellError as err:
-        if "finite" in str(err):  # '1e999', 5,000 digits: a preset's value must not stand in for it
-            raise WrongNumber(str(err)) from None
-        raise
+    except NotFinite as err:  # a preset's value must not stand in for it
+        raise WrongNumber(str(err)) from None
     if value is UNKNOWN:
         return UNKNOWN
     if value < 0 or value != int(value):

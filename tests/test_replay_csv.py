@@ -700,7 +700,8 @@ def test_exported_text_cells_never_start_a_spreadsheet_formula(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(("cell", "read_as_unknown"), [("9" * 5000, False), ("1e999", False), ("-4", False),
-                                                        ("2.5", False), ("auto", True), ("0", True)])
+                                                        ("2.5", False), ("auto", True), ("0", True),
+                                                        ("infinite", True)])
 def test_a_layer_count_that_is_no_count_is_a_wrong_row_and_a_word_is_unknown(tmp_path: Path, cell: str,
                                                                               read_as_unknown: bool) -> None:
     # A 5,000-digit layer count was read as unknown and the preset's 32 layers stood in for it.
