@@ -69,10 +69,11 @@ def environment_secrets(environ: dict[str, str] | None = None) -> set[str]:
     for name, value in env.items():
         if not value:
             continue
-        ours = name.startswith("OPTICO_") or name == "OPENAI_API_KEY"
+        upper = name.upper()  # our settings read their variables whatever the case
+        ours = upper.startswith("OPTICO_") or upper == "OPENAI_API_KEY"
         if ours and is_secret_name(name):
             found.add(value)
-        if name.endswith("DATABASE_URL"):
+        if upper.endswith("DATABASE_URL"):
             password = _url_password(value)
             if password:
                 found.add(password)

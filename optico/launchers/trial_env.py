@@ -40,7 +40,8 @@ OWN_NAMES = frozenset({"OPENAI_API_KEY"})
 def is_optico_own(name: str) -> bool:
     """A variable of OptiCo's own (its settings, its LLM key): never copied from the worker into a trial,
     whatever the spec asks (`launcher.env` with `***`, `launcher.pass_env`)."""
-    return (name.startswith("OPTICO_") and not name.startswith("OPTICO_BENCH_")) or name in OWN_NAMES
+    upper = name.upper()  # the settings read their variables whatever the case (pydantic-settings)
+    return (upper.startswith("OPTICO_") and not upper.startswith("OPTICO_BENCH_")) or upper in OWN_NAMES
 
 
 def allowed(name: str) -> bool:

@@ -238,6 +238,8 @@ FIELD_CASES: list[tuple[str, Any, str]] = [
     ("launcher", {"env": {"OPTICO_LLM_API_KEY": "***"}}, "launcher.env.OPTICO_LLM_API_KEY"),
     ("launcher", {"env": {"OPENAI_API_KEY": "***"}}, "launcher.env.OPENAI_API_KEY"),
     ("launcher", {"pass_env": ["OPENAI_API_KEY"]}, "launcher.pass_env"),
+    ("launcher", {"env": {"openai_api_key": "***"}}, "launcher.env.openai_api_key"),  # settings ignore case
+    ("launcher", {"pass_env": ["optico_llm_api_key"]}, "launcher.pass_env"),
     ("launcher", {"env": {"PATH": 1}}, "launcher.env.PATH"),
     ("launcher", {"env": {f"V{i}": "x" for i in range(600)}}, "launcher.env"),
     ("launcher", {"program": {"kind": "nemo"}}, "launcher.program"),
