@@ -189,7 +189,8 @@ class ScheduleSql:
                 row.next_fire_at = self._stamp(next_fire_at)
             row.locked_by, row.locked_until = worker, self._stamp(now + timedelta(seconds=lock_s))
             manual = not cron or row.run_requested
-            row.run_requested = False
+            if cron:  # the requested slot is the one that fires now; a run-now leaves it due, still requested
+                row.run_requested = False
             tick = TickRow(schedule_id=row.id, trigger="manual" if manual else "cron",
                            due_at=self._stamp(due_at) if cron else None, status="running", worker=worker, report={},
                            job_key=uuid.uuid4().hex)

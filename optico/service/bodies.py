@@ -89,6 +89,11 @@ def spec_from_body(raw: bytes, content_type: str, settings: ServiceSettings) -> 
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError("body", f"not UTF-8 text (byte {exc.start})") from None
+    if kind in JSON_TYPES or kind.endswith("+json"):
+        # JSON strings may hold NEL, LS and PS raw; the YAML reader below would take them for line
+        # breaks and fold them into spaces. Escaped, YAML reads the same characters JSON did. Once,
+        # here: the file-roots check and the spec read the same text.
+        text = text.translate(_YAML_BREAKS)
     from optico.safe_yaml import load_yaml
 
     try:
@@ -99,11 +104,7 @@ def spec_from_body(raw: bytes, content_type: str, settings: ServiceSettings) -> 
         if not isinstance(value, str) or not Path(value).is_absolute() or not _inside(Path(value), roots):
             raise SpecError(field, "the service reads files only by absolute path under its allowed roots "
                                    "(the package's data, OPTICO_FILE_ROOTS)")
-    if kind in JSON_TYPES or kind.endswith("+json"):
-        # JSON strings may hold NEL, LS and PS raw; the YAML reader below would take them for line
-        # breaks and fold them into spaces. Escaped, YAML reads the same characters JSON did.
-        raw = raw.decode("utf-8").translate(_YAML_BREAKS).encode("utf-8")
-    spec = parse_spec_text(raw, origin_name="body")
+    spec = parse_spec_text(text.encode("utf-8"), origin_name="body")
     if not settings.allow_commands:
         _refuse_code(spec)
     return spec

@@ -129,3 +129,15 @@ def test_a_schedule_read_with_its_history_never_pairs_an_ended_tick_with_the_old
     monkeypatch.setattr(store, "ticks", retune_ends_just_before_the_history_is_read)
     schedule, ticks = store.schedule_with_history("a")
     assert ticks[0].status == "done" and schedule.incumbent is not None and schedule.incumbent.mfu == 0.6
+
+
+def test_a_requested_run_stays_requested_until_its_slot_fires(store: SqlStore) -> None:
+    # POST .../run, then `optico schedule run-now` before a scheduler polls: the slot is still due,
+    # and when it fires it is still the requested run, not a cron slot.
+    add_schedule(store, "a")
+    due = store.fire_now("a")
+    now = store.claim_tick("a", "cli", 30)
+    assert now is not None and now.trigger == "manual"
+    store.record_tick(now.id, "cli", "done", TickVerdict(outcome="no-change"))
+    fired = store.claim_tick("a", "w1", 30, due_at=due.next_fire_at, next_fire_at=due.next_fire_at + timedelta(days=1))
+    assert fired is not None and fired.trigger == "manual"
