@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 import re
+import unicodedata
 
 from rich.markup import escape as _rich_escape
 from rich.text import Text
@@ -42,8 +43,10 @@ _NEWLINES = re.compile(r"\r\n|\r|\n")
 
 
 def has_visible(text: str) -> bool:
-    """Whether `text` shows anything: a character that is neither a space nor a blank letter."""
-    return any(not ch.isspace() and ch not in BLANK_LETTERS for ch in text)
+    """Whether `text` shows anything: a character that is not a space, a blank letter, a mark
+    (combining, enclosing, variation selectors) or a format character."""
+    return any(not ch.isspace() and ch not in BLANK_LETTERS
+               and unicodedata.category(ch) not in ("Mn", "Me", "Cf", "Zs", "Zl", "Zp") for ch in text)
 
 
 # Long enough for any name, path or diagnosis a person reads; the rest is elided, not wrapped

@@ -35,7 +35,7 @@ RESERVED_KEY_PREFIX = "optico-"
 def idempotency_key(tick: TickRecord) -> str:
     """The tick's key, unique for all time: SQLite hands a removed schedule's tick ids out again, and a
     key of the tick id alone adopted the old schedule's job as the new one's retune."""
-    return f"{RESERVED_KEY_PREFIX}retune-{tick.job_key}" if tick.job_key else f"optico-retune-tick-{tick.id}"
+    return f"{RESERVED_KEY_PREFIX}retune-{tick.job_key}" if tick.job_key else f"{RESERVED_KEY_PREFIX}retune-tick-{tick.id}"
 
 
 def retune_spec(schedule: ScheduleRecord, tick: TickRecord, *, first: bool) -> JobSpec:

@@ -221,6 +221,7 @@ FIELD_CASES: list[tuple[str, Any, str]] = [
     ("name", "", "name"),
     ("name", "   ", "name"),
     ("name", "\u3164\u2800\u3000", "name"),  # Hangul filler, braille blank, ideographic space: shows nothing
+    ("name", "\u034f\u17b4\ufe0f\u0301", "name"),  # a grapheme joiner, a Khmer vowel, a variation selector, a mark
     ("seed", -1, "seed"),
     ("seed", 2**40, "seed"),
     ("seed", "1", "seed"),
