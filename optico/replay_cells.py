@@ -250,11 +250,11 @@ _HEADER_SYNONYMS: dict[str, tuple[str, ...]] = {
     "sequence_parallel": ("sp",),
     "result": ("status", "outcome", "ran", "success"),
     "tflops_per_gpu": ("tflops", "tflops_gpu", "model_tflops_per_gpu", "tflop_s_gpu", "tflops_per_sec_per_gpu",
-                       "model_tflop_sec_gpu", "throughput_tflops"),
+                       "model_tflop_sec_gpu", "model_tflops_sec_gpu", "tflops_sec_gpu", "throughput_tflops"),
     "mfu": ("model_flops_utilization",),
     "step_time_s": ("step_time", "iteration_time", "time_per_step", "iter_time", "step_time_sec",
                     "time_per_iteration", "elapsed_time_per_iteration", "latency", "iteration_latency",
-                    "step_latency"),
+                    "step_latency", "time_per_global_step", "global_step_time"),
     "tokens_per_s_per_gpu": ("tgs", "tokens_per_sec_per_gpu", "tokens_s_gpu", "tokens_per_second_per_gpu",
                              "throughput_per_gpu", "tokens_sec_gpu", "tokens_second_gpu", "tok_s_gpu"),
     "mem_max_gib": ("memmax", "max_memory", "peak_memory", "mem_max", "memory", "mem_gib", "max_mem", "mem_max_gb",
@@ -265,6 +265,8 @@ _HEADER_SYNONYMS: dict[str, tuple[str, ...]] = {
     "cp": ("context_parallel", "context_parallelism", "context_parallel_size", "cp_size"),
     "ep": ("expert_parallel", "expert_parallelism", "expert_parallel_size", "ep_size"),
     "vpp": ("vp", "virtual_pipeline", "virtual_pipeline_parallel", "virtual_pipeline_size", "vp_size"),
+    # Read to refuse the row: Megatron-FSDP / FSDP2 shard more than the distributed optimizer.
+    "fsdp": ("fsdp_size", "fsdp_degree", "megatron_fsdp", "fsdp2", "fully_sharded"),
     "source": ("reference", "ref", "citation", "url"),
     "notes": ("note", "comment", "comments", "remarks"),
 }

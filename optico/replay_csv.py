@@ -86,6 +86,7 @@ from optico.replay_cells import (
     WrongNumber,
     canonical_header,
     header_unit,
+    is_unknown,
     parse_bool,
     parse_distributed_optimizer,
     parse_int,
@@ -335,10 +336,44 @@ def _squash(text: str) -> str:
 
 def preset_by_name(name: str) -> ModelArch | None:
     """The preset whose name the model name contains ('Nemotron-H 56b FP8' -> nemotron-h-56b,
-    'DeepSeekV3' -> deepseek-v3); the longest such name wins."""
+    'DeepSeekV3' -> deepseek-v3); the longest such name wins. Else the one preset of the name's
+    family and size ('LLAMA3-405B' -> llama3.1-405b, 'Qwen3 MoE 30B' -> qwen3-30b-a3b)."""
     squashed = _squash(name)
     found = [p for key, p in PRESETS.items() if _squash(key) and _squash(key) in squashed]
-    return max(found, key=lambda p: len(_squash(p.name))) if found else None
+    if found:
+        return max(found, key=lambda p: len(_squash(p.name)))
+    sizes = set(re.findall(r"(?<![\d.])(\d+(?:\.\d+)?b)(?![a-z\d])", name.lower()))
+    alike = [p for key, p in PRESETS.items() if _family(key) and _family(key) in squashed and _size(key) in sizes]
+    return alike[0] if len(alike) == 1 else None
+
+
+_PRESET_SIZE = re.compile(r"-(\d+(?:\.\d+)?b)(?:-|$)")  # 'qwen3-30b-a3b' -> 30b; 'mixtral-8x7b': none
+
+
+def _family(key: str) -> str:
+    """A preset's name before its size, without a minor version: 'llama3.1-405b' -> 'llama3',
+    'gpt-oss-20b' -> 'gptoss'; '' for a name without a size."""
+    found = _PRESET_SIZE.search(key)
+    return _squash(re.sub(r"\.\d+", "", key[:found.start()])) if found else ""
+
+
+def _size(key: str) -> str | None:
+    """A preset's parameter count as written in its name: 'qwen3-30b-a3b' -> '30b'."""
+    found = _PRESET_SIZE.search(key)
+    return found.group(1) if found else None
+
+
+def _sharded(cell: str) -> bool:
+    """Whether an FSDP column's cell says the row ran sharded: a degree above 0, or yes."""
+    if is_unknown(cell):
+        return False
+    try:
+        return parse_number(cell) > 0
+    except CellError:
+        try:
+            return parse_bool(cell) is True
+        except CellError:
+            return False
 
 
 # -- rows ----------------------------------------------------------------------------------------
@@ -357,7 +392,14 @@ class _Parse:
     def text(self, name: str) -> str:
         return self.cells.get(name, "").strip()
 
+    def _paired(self, name: str) -> None:
+        """'31737 (30341)', '1 (2)': two figures in one cell; the first is read, and the row says so."""
+        cell = self.cells.get(name) or ""
+        if re.search(r"\d.*\(\s*[-+]?\d", cell):
+            self.inferred.append(f"{name} {cell.strip()[:40]!r}: the first figure read, the one in parentheses not")
+
     def integer(self, name: str) -> int | None:
+        self._paired(name)
         try:
             value = parse_int(self.cells.get(name))
         except WrongNumber as err:
@@ -369,6 +411,7 @@ class _Parse:
         return None if value is UNKNOWN else value
 
     def number(self, name: str) -> float | None:
+        self._paired(name)
         unit = _MEASURED_UNITS.get(name, "")
         given = self.units.get(name, "")
         try:
@@ -494,6 +537,10 @@ def _build_strategy(p: _Parse, ints: dict[str, int | None], args: dict[str, str]
     except CellError as err:
         which = "distributed_optimizer" if "FSDP" in str(err) or "ZeRO" in str(err) else "sequence_parallel"
         p.problems.append(f"{which} {err}")
+        return None
+    if _sharded(p.text("fsdp")):
+        p.problems.append(f"fsdp {p.text('fsdp')[:40]!r}: Megatron-FSDP / FSDP2 shard more than the optimizer; "
+                          f"not a Strategy option")
         return None
     data: dict[str, Any] = dict(
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=ints["pp"],

@@ -712,3 +712,24 @@ def test_a_layer_count_that_is_no_count_is_a_wrong_row_and_a_word_is_unknown(tmp
         assert row.read and "architecture from preset llama3-8b" in row.inferred, row.skip_reason
     else:
         assert not row.read and row.skip_reason.startswith("num_layers "), row.skip_reason
+
+
+def test_a_nemo_summary_as_published_reads_fsdp_pairs_and_names(tmp_path: Path) -> None:
+    # NeMo 25.07's performance summary (DGX-GB200, FP8), its own headers and cells, with the system and
+    # precision of its section heading as columns.
+    path = tmp_path / "nemo.csv"
+    path.write_text(
+        "Model,System,Precision,#-GPUs,GBS,MBS,Sequence Length,FSDP,TP,PP,CP,VP,EP,GA,Tokens / sec / GPU,"
+        "Model TFLOPs/sec/GPU,Time per Global Step (s)\n"
+        "LLAMA3-8B,DGX-GB200,FP8,8,128,2,8192,0,1,1,1,1,1,8,31737 (30341),1838 (1757),4.1\n"
+        "LLAMA3-70B,DGX-GB200,FP8,64,128,1,8192,1 (0),1 (2),1 (4),1 (2),1 (5),1,2 (32),4066 (2605),1957 (1254),4.0\n"
+        "LLAMA3-405B,DGX-GB200,FP8,128,64,1,8192,0,4,8,2,8,1,32,706,1854,6.0\n"
+        "Qwen3 MoE 30B,DGX-GB200,FP8,8,512,4,4096,0,1,1,1,1,8,16,12040,277,21.8\n")
+    rows, report = read_replay_file(path)
+    small, fsdp, big, moe = rows
+    assert small.usable and small.tflops_per_gpu == pytest.approx(1838) and small.step_time_s == pytest.approx(4.1)
+    assert any("the first figure read" in note for note in small.inferred)  # '31737 (30341)' is said, not hidden
+    assert not fsdp.read and fsdp.skip_reason.startswith("fsdp "), fsdp.skip_reason  # sharded: not modelled
+    assert big.read and big.workload.model.name == "llama3.1-405b", big.skip_reason  # NeMo's spelling of it
+    assert moe.read and moe.workload.model.name == "qwen3-30b-a3b", moe.skip_reason
+    assert {"Model TFLOPs/sec/GPU", "Time per Global Step (s)", "FSDP"} <= set(report.renamed_columns)
