@@ -52,6 +52,18 @@ _registered: set[str] = set()
 _lock = threading.Lock()
 
 
+# Where OptiCo reads its own settings and secrets from: the LLM key falls back to OPENAI_API_KEY.
+OWN_NAMES = frozenset({"OPENAI_API_KEY"})
+
+
+def is_optico_own(name: str) -> bool:
+    """A variable of OptiCo's own (its settings, its LLM key; OPTICO_BENCH_* are the trial driver's
+    switches): never copied from the worker into a trial, whatever a spec asks (`launcher.env` with
+    `***`, `launcher.pass_env`). Any case: the settings read their variables whatever the case."""
+    upper = name.upper()
+    return (upper.startswith("OPTICO_") and not upper.startswith("OPTICO_BENCH_")) or upper in OWN_NAMES
+
+
 def is_secret_name(name: str) -> bool:
     """True when an environment variable of this name holds a secret."""
     return bool(SECRET_NAME.search(name))
@@ -70,7 +82,7 @@ def environment_secrets(environ: dict[str, str] | None = None) -> set[str]:
         if not value:
             continue
         upper = name.upper()  # our settings read their variables whatever the case
-        ours = upper.startswith("OPTICO_") or upper == "OPENAI_API_KEY"
+        ours = upper.startswith("OPTICO_") or upper in OWN_NAMES
         if ours and is_secret_name(name):
             found.add(value)
         if upper.endswith("DATABASE_URL"):

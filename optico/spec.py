@@ -25,9 +25,9 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PositiveInt, Va
 
 from optico.errors import SpecError, loc_fields
 from optico.input_files import MAX_SPEC_BYTES, check_replay_csv, decode_text, read_text, resolve
-from optico.launchers.trial_env import is_optico_own
 from optico.perfmodel.constants import read_calibration
 from optico.programs import ProgramSpec
+from optico.redact import is_optico_own
 from optico.rules import is_valid, violations
 from optico.safe_yaml import load_yaml
 from optico.search_space import SearchSpace

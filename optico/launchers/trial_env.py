@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from optico.redact import MASK, is_secret_name, known_secrets, register
+from optico.redact import MASK, is_optico_own, is_secret_name, known_secrets, register
 
 ALLOWED_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "HOSTNAME",
@@ -31,17 +31,6 @@ ALLOWED_PREFIXES = (
     "TORCHINDUCTOR_", "PYTORCH_", "TRITON_", "GLOO_", "UCX_", "FI_", "OMPI_", "PMIX_", "SLURM_", "HIP_", "ROCM_",
     "HSA_", "MIOPEN_", "RCCL_", "MEGATRON_", "OPTICO_BENCH_",
 )
-
-
-# Where OptiCo reads its own settings and secrets from: the LLM key falls back to OPENAI_API_KEY.
-OWN_NAMES = frozenset({"OPENAI_API_KEY"})
-
-
-def is_optico_own(name: str) -> bool:
-    """A variable of OptiCo's own (its settings, its LLM key): never copied from the worker into a trial,
-    whatever the spec asks (`launcher.env` with `***`, `launcher.pass_env`)."""
-    upper = name.upper()  # the settings read their variables whatever the case (pydantic-settings)
-    return (upper.startswith("OPTICO_") and not upper.startswith("OPTICO_BENCH_")) or upper in OWN_NAMES
 
 
 def allowed(name: str) -> bool:
