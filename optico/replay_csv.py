@@ -343,24 +343,19 @@ def preset_by_name(name: str) -> ModelArch | None:
     if found:
         return max(found, key=lambda p: len(_squash(p.name)))
     sizes = set(re.findall(r"(?<![\d.])(\d+(?:\.\d+)?b)(?![a-z\d])", name.lower()))
-    alike = [p for key, p in PRESETS.items() if _family(key) and _family(key) in squashed and _size(key) in sizes]
+    alike = [p for key, p in PRESETS.items()
+             if (sized := _family_and_size(key)) and sized[0] in squashed and sized[1] in sizes]
     return alike[0] if len(alike) == 1 else None
 
 
 _PRESET_SIZE = re.compile(r"-(\d+(?:\.\d+)?b)(?:-|$)")  # 'qwen3-30b-a3b' -> 30b; 'mixtral-8x7b': none
 
 
-def _family(key: str) -> str:
-    """A preset's name before its size, without a minor version: 'llama3.1-405b' -> 'llama3',
-    'gpt-oss-20b' -> 'gptoss'; '' for a name without a size."""
+def _family_and_size(key: str) -> tuple[str, str] | None:
+    """A preset's name before its size, without a minor version, and the size: 'llama3.1-405b' ->
+    ('llama3', '405b'), 'gpt-oss-20b' -> ('gptoss', '20b'); None for a name without a size."""
     found = _PRESET_SIZE.search(key)
-    return _squash(re.sub(r"\.\d+", "", key[:found.start()])) if found else ""
-
-
-def _size(key: str) -> str | None:
-    """A preset's parameter count as written in its name: 'qwen3-30b-a3b' -> '30b'."""
-    found = _PRESET_SIZE.search(key)
-    return found.group(1) if found else None
+    return (_squash(re.sub(r"\.\d+", "", key[:found.start()])), found.group(1)) if found else None
 
 
 def _sharded(cell: str) -> bool:

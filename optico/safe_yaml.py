@@ -56,7 +56,7 @@ def _refuse(problem: str, node_or_mark: Any, path: tuple[str, ...] | None = None
 
 
 def _scalar_problem(node: ScalarNode) -> str | None:
-    """What is wrong with a scalar's value as resolved (the constructor checks the same, later).
+    """What is wrong with a scalar's value as resolved (`check_graph` asks before anything is built).
     Normalizes on the way: a JSON pair of escaped surrogates becomes its character (`_joined`)."""
     if len(node.value) > MAX_SCALAR_CHARS:
         return f"a value longer than {MAX_SCALAR_CHARS} characters"
@@ -130,24 +130,6 @@ class BoundedSafeLoader(yaml.SafeLoader):
                 raise _refuse(f"duplicate key {key!r}", key_node)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
-
-    # A scalar reaches the constructor only once `check_graph` has passed it; these are the backstop
-    # for a caller that constructs without it.
-    def construct_yaml_int(self, node: ScalarNode) -> int:
-        problem = _scalar_problem(node)
-        if problem:
-            raise _refuse(problem, node)
-        return super().construct_yaml_int(node)
-
-    def construct_yaml_float(self, node: ScalarNode) -> float:
-        problem = _scalar_problem(node)
-        if problem:
-            raise _refuse(problem, node)
-        return super().construct_yaml_float(node)
-
-
-BoundedSafeLoader.add_constructor(_TAG + "int", BoundedSafeLoader.construct_yaml_int)
-BoundedSafeLoader.add_constructor(_TAG + "float", BoundedSafeLoader.construct_yaml_float)
 
 
 # Exponent floats without a dot ("1e-05", "2E+3"): a string to YAML 1.1, a number to YAML 1.2 and to

@@ -82,9 +82,8 @@ def output_file(path: Path, option: str) -> Iterator[TextIO]:
         with handle:
             yield handle
         os.replace(handle.name, target)
-    except OSError as exc:
+    except BaseException as exc:
         Path(handle.name).unlink(missing_ok=True)
-        fail(SpecError(option, f"cannot write {path}: {exc.strerror or exc}"))
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            fail(SpecError(option, f"cannot write {path}: {exc.strerror or exc}"))
         raise

@@ -16,7 +16,8 @@ from rich.console import Console
 
 from optico.errors import SpecError
 from optico.pool.models import SQL_INT_MAX
-from optico.terminal import check_output_path, err, fail  # noqa: F401 - every command imports them from here
+# Every command imports these from here.
+from optico.terminal import check_output_path, err, fail, output_file  # noqa: F401
 from optico.textsafe import markup
 
 console = Console(emoji=False)  # ":x:" in a file name is text, not an emoji

@@ -12,9 +12,9 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from optico.cli.common import DatabaseOption, check_id, console, fail, open_store, shown_url
+from optico.cli.common import (DatabaseOption, check_id, check_output_path, console, fail, open_store, output_file,
+                               shown_url)
 from optico.cli.views import resume_hint, status_label, summary, trial_block, worker_gone
-from optico.terminal import check_output_path, output_file
 from optico.textsafe import rich_text, terminal_text
 
 jobs_app = typer.Typer(no_args_is_help=True, help="Inspect tuning jobs in the pool.")

@@ -13,8 +13,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from optico.cli.common import DatabaseOption, check_output_path, console, err, fail, open_store
-from optico.terminal import output_file
+from optico.cli.common import DatabaseOption, check_output_path, console, err, fail, open_store, output_file
 
 schedule_app = typer.Typer(no_args_is_help=True, help="Nightly retuning schedules: re-check a tuned workload "
                                                       "after framework upgrades.")

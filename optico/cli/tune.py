@@ -16,8 +16,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from optico.cli.common import DatabaseOption, check_id, check_output_path, console, err, fail, open_store, shown_url
-from optico.terminal import output_file
+from optico.cli.common import (DatabaseOption, check_id, check_output_path, console, err, fail, open_store,
+                               output_file, shown_url)
 from optico.cli.views import summary, trial_block
 from optico.spec import (
     ABLATIONS,

@@ -45,7 +45,8 @@ class JobRecord(_Record):
     workload_key: str
     spec: JobSpec
     origin: str = Field("queue", description="'queue': submitted for the workers; 'cli': run by `optico tune` "
-                                             "(workers do not pick it up unless it is queued again: `optico jobs resume`, the API).")
+                                             "(workers do not pick it up unless it is queued again: "
+                                             "`optico jobs resume`, the API).")
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None = None

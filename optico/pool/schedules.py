@@ -15,7 +15,6 @@ One firing per cron slot across replicas, two ways at once:
 from __future__ import annotations
 
 import uuid
-
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 

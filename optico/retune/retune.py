@@ -35,7 +35,8 @@ RESERVED_KEY_PREFIX = "optico-"
 def idempotency_key(tick: TickRecord) -> str:
     """The tick's key, unique for all time: SQLite hands a removed schedule's tick ids out again, and a
     key of the tick id alone adopted the old schedule's job as the new one's retune."""
-    return f"{RESERVED_KEY_PREFIX}retune-{tick.job_key}" if tick.job_key else f"{RESERVED_KEY_PREFIX}retune-tick-{tick.id}"
+    # Ticks from before migration 0005 have no job_key: theirs stays as it was (no second job).
+    return f"{RESERVED_KEY_PREFIX}retune-{tick.job_key or f'tick-{tick.id}'}"
 
 
 def retune_spec(schedule: ScheduleRecord, tick: TickRecord, *, first: bool) -> JobSpec:

@@ -294,7 +294,8 @@ def _history_figure(points: list[dict[str, Any]], ticks: list[dict[str, Any]]) -
         by_version[p["version"]].append(p)
     data = [{"type": "scatter", "mode": "markers", "name": charts.plotly_text(f"version {version}"),
              "x": [p["when"].isoformat() for p in ps], "y": [round(100 * p["mfu"], 2) for p in ps],
-             "text": [charts.plotly_text(f"#{p['job']} {p['name']}: {p['strategy']}") for p in ps], "marker": {"size": 10}}
+             "text": [charts.plotly_text(f"#{p['job']} {p['name']}: {p['strategy']}") for p in ps],
+             "marker": {"size": 10}}
             for version, ps in by_version.items()]
     incumbent, best = [], None
     for p in points:
@@ -306,7 +307,8 @@ def _history_figure(points: list[dict[str, Any]], ticks: list[dict[str, Any]]) -
     if measured:
         data.append({"type": "scatter", "mode": "markers", "name": "incumbent re-measured (tick)",
                      "x": [t["when"].isoformat() for t in measured], "y": [round(100 * t["after"], 2) for t in measured],
-                     "text": [charts.plotly_text(f"{t['schedule']}: {t['outcome']} under {t['version']}") for t in measured],
+                     "text": [charts.plotly_text(f"{t['schedule']}: {t['outcome']} under {t['version']}")
+                              for t in measured],
                      "marker": {"symbol": "diamond-open", "size": 12, "color": "#cf222e"}})
     retuned = [t for t in ticks if t["new_best"] is not None]
     if retuned:
