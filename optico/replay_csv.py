@@ -25,12 +25,13 @@ Rules that are decisions rather than parsing, in one place:
   ranks and layer patterns are no column); when the layers do not divide by PP, the split
   Megatron needs (`ParallelDims.infer_split`: the embedding and loss counted in the split if
   that makes it even, as the 405B recipes do, else uneven first/last stages).
-- Gated MLP (SwiGLU): a row is SwiGLU when its model name or notes say "swiglu"; else it
-  is not when ffn_hidden_size == 4·hidden_size (GPT-3's GeLU MLP, Megatron-LM's default
-  width) or when the model name is a GPT-3-style or Nemotron name ("GPT", "gpt3",
-  "MT-NLG", "Nemotron"; GeLU / squared-ReLU MLPs) but not GPT-OSS (gated); every other
-  row is SwiGLU (Llama, Qwen, Mixtral, DeepSeek: all gated). A row that matches a preset
-  takes the preset's flag instead.
+- Gated MLP (SwiGLU): the run's own arguments decide ("args: swiglu=True", as OptiCo's rows
+  say); else a row is SwiGLU when its model name or notes say "swiglu" or its model name is of
+  a gated family (Llama, Qwen, Mistral, Mixtral, DeepSeek, Gemma: Llama-3.2-1B's FFN is
+  exactly 4·hidden); else it is not when ffn_hidden_size == 4·hidden_size (GPT-3's GeLU MLP,
+  Megatron-LM's default width) or when the model name is a GPT-3-style or Nemotron name
+  ("GPT", "gpt3", "MT-NLG", "Nemotron"; GeLU / squared-ReLU MLPs) but not GPT-OSS (gated);
+  every other row is SwiGLU. A row that matches a preset takes the preset's flag instead.
 - Tied embeddings: Megatron-LM ties them unless --untie-embeddings-and-output-weights.
   Notes that carry the run's Megatron arguments ("args: name=value, ...", as the
   Megatron-LM CI transcription does) decide; else a matching preset decides; else
@@ -290,6 +291,14 @@ def _gpt3_style(name: str) -> bool:
     return bool(_GPT3_STYLE.search(name))
 
 
+_GATED_FAMILY = re.compile(r"llama|qwen|mistral|mixtral|deepseek|gemma", re.IGNORECASE)
+
+
+def _gated_name(name: str) -> bool:
+    """Families whose every model has a gated (SwiGLU / GeGLU) MLP, whatever its width."""
+    return bool(_GATED_FAMILY.search(name))
+
+
 def _ungated_name(name: str) -> bool:
     """GPT-3-family and Nemotron names: ungated (GeLU / squared-ReLU) MLPs."""
     return _gpt3_style(name) or "nemotron" in name.lower()
@@ -448,7 +457,7 @@ def _build_model(p: _Parse, ints: dict[str, int | None], args: dict[str, str] | 
             vocab = UNKNOWN_DOMAINS["vocab_size"][0]
             p.unknown["vocab_size"] = list(UNKNOWN_DOMAINS["vocab_size"])
     text = f"{name} {p.text('notes')}"
-    swiglu = True if "swiglu" in text.lower() else not (ffn == 4 * hidden or _ungated_name(name))
+    swiglu = ("swiglu" in text.lower() or _gated_name(name)) or not (ffn == 4 * hidden or _ungated_name(name))
     explicit: dict[str, Any] = {}  # facts the run's own arguments state; they beat presets and rules
     if args is not None:
         explicit["untie_embeddings_and_output_weights"] = _is_true(args.get("untie-embeddings-and-output-weights"))
@@ -456,6 +465,8 @@ def _build_model(p: _Parse, ints: dict[str, int | None], args: dict[str, str] | 
                           ("moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size")):
             if (number := _count(args.get(flag, ""))) is not None:
                 explicit[key] = number
+        if "swiglu" in args:
+            explicit["swiglu"] = _is_true(args["swiglu"])
     data: dict[str, Any] = dict(
         name=name, num_layers=ints["num_layers"], hidden_size=hidden, num_attention_heads=heads,
         num_query_groups=groups if groups and groups != heads else None, ffn_hidden_size=ffn,

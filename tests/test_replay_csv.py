@@ -22,7 +22,8 @@ from optico.replay_csv import (
     read_replay_file,
     variants,
 )
-from optico.workload import PRESETS, Cluster, Workload
+from optico.strategy import strategy_from_mapping
+from optico.workload import PRESETS, Cluster, ModelArch, Workload
 
 REPO = Path(__file__).resolve().parents[1]
 # The published tables, shipped in the repository (a copy of the shared data set).
@@ -285,6 +286,12 @@ def test_attention_backend_from_args(tmp_path: Path) -> None:
     (dict(model="Nemotron-x", ffn_hidden_size="11008", vocab_size="32001"), False),
     (dict(model="GPT OSS 120B", ffn_hidden_size="11008", vocab_size="32001"), True),  # GPT-OSS is gated
     (dict(model="gpt/gpt3_tp1_pp4_swiglu", ffn_hidden_size="16384", vocab_size="32001"), True),
+    # Llama-3.2-1B: FFN 8192 = 4 x 2048, and gated (read as GeLU before, as the 8K H100 sweep showed)
+    (dict(model="llama3.2-1b", hidden_size="2048", ffn_hidden_size="8192", vocab_size="128256"), True),
+    (dict(model="Some-7B", ffn_hidden_size="16384", vocab_size="32001",
+          notes="args: untie-embeddings-and-output-weights=True, swiglu=True"), True),  # the run's arguments
+    (dict(model="llama-like", ffn_hidden_size="11008", vocab_size="32001",
+          notes="args: untie-embeddings-and-output-weights=True, swiglu=False"), False),
 ])
 def test_swiglu_rule(tmp_path: Path, cells: dict[str, str], swiglu: bool) -> None:
     row = one(tmp_path, **cells)
@@ -618,6 +625,31 @@ def test_every_knob_survives_a_written_row(tmp_path: Path) -> None:
         assert row.strategy is not None, row.skip_reason
         assert row.strategy.signature() == s.signature(), (s.short(), row.strategy.short())
         assert row.workload.model_dump(exclude={"cluster"}) == w.model_dump(exclude={"cluster"})
+
+
+@pytest.mark.parametrize("swiglu, ffn", [(True, 16384), (False, 11008)])
+def test_a_written_row_says_its_mlp(tmp_path: Path, swiglu: bool, ffn: int) -> None:
+    """A gated MLP at 4 x hidden and an ungated one at another width: no width or name rule can tell
+    these apart, so the row's own arguments say which it was."""
+    from optico.replay_rows import replay_row
+
+    arch = ModelArch(name="some-4k", num_layers=4, hidden_size=4096, num_attention_heads=32, ffn_hidden_size=ffn,
+                     vocab_size=32000, swiglu=swiglu)
+    w = Workload(model=arch, seq_length=4096, global_batch_size=8, cluster=Cluster(gpu="h100-sxm", gpus_per_node=8))
+    path = tmp_path / "rows.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        writer.writeheader()
+        writer.writerow(replay_row(w, strategy_from_mapping({"tp": 2}), result="oom", source="test", notes={}))
+    assert read_replay_csv(path)[0].workload.model.swiglu is swiglu
+
+
+def test_the_8k_h100_sweep_reads_as_the_model_that_ran() -> None:
+    """benchmarks/data/h100-llama3.2-1b-8k.csv (written before rows said their MLP): a Llama-3.2-1B
+    shape, gated, tied embeddings, every one of its 15 runs read."""
+    rows = read_replay_csv(Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h100-llama3.2-1b-8k.csv")
+    assert len(rows) == 15 and all(r.usable for r in rows)
+    assert all(r.workload.model.swiglu and not r.workload.model.untie_embeddings_and_output_weights for r in rows)
 
 
 def test_gpu_sweep_kills_a_timed_out_run_with_its_workers(tmp_path: Path) -> None:
