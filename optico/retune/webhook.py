@@ -9,11 +9,15 @@
   reserved address, named or resolved, unless OPTICO_WEBHOOK_ALLOW_LOCAL=true (a receiver on the
   same host, in development): anyone with a write token sets a schedule's URL, and the server would
   POST from inside the network. Private ranges (10/8, 192.168/16, ...) stay allowed: a team's own
-  chat or alerting service usually lives there. A name is resolved again when the hook is sent.
+  chat or alerting service usually lives there. A name is resolved again when the hook is sent, and
+  the request goes to the address that was checked (a second lookup could answer otherwise: DNS
+  rebinding); TLS still verifies the certificate against the name. Through an HTTP(S)_PROXY the proxy
+  resolves the name, and its policy decides.
 """
 
 from __future__ import annotations
 
+import http.client
 import ipaddress
 import json
 import logging
@@ -23,6 +27,7 @@ import socket
 import threading
 import urllib.error
 import urllib.request
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -97,12 +102,15 @@ def _literal_addresses(host: str) -> list[str]:
     return []
 
 
-def _check_resolved(url: str) -> None:
-    """ValueError when the URL's host resolves to an address `_local` refuses."""
+def _checked_address(url: str) -> str:
+    """The address the URL's host resolves to, once every address it resolves to has passed
+    `_check_addresses` (ValueError otherwise)."""
     parts = urlsplit(url)
     infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
                                proto=socket.IPPROTO_TCP)
-    _check_addresses(parts.hostname or "", [info[4][0] for info in infos])
+    addresses = [str(info[4][0]) for info in infos]
+    _check_addresses(parts.hostname or "", addresses)
+    return addresses[0]
 
 
 def where(url: str) -> str:
@@ -116,18 +124,52 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None  # urllib then raises HTTPError with the 3xx: reported, not followed
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects())
+def _pinned(connection: type[http.client.HTTPConnection], address: str, host: str,
+            **kwargs: Any) -> http.client.HTTPConnection:
+    """`connection` to `host` whose socket goes to `address`: the Host header and TLS's server name
+    and certificate check stay the name's."""
+    conn = connection(host, **kwargs)
+    conn._create_connection = lambda where, *a, **k: socket.create_connection((address, where[1]), *a, **k)
+    return conn
+
+
+class _PinnedHTTP(urllib.request.HTTPHandler):
+    def __init__(self, address: str) -> None:
+        super().__init__()
+        self.address = address
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(partial(_pinned, http.client.HTTPConnection, self.address), req)
+
+
+class _PinnedHTTPS(urllib.request.HTTPSHandler):
+    def __init__(self, address: str) -> None:
+        super().__init__()
+        self.address = address
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(partial(_pinned, http.client.HTTPSConnection, self.address), req,
+                            context=self._context)
+
+
+def _opener(url: str) -> urllib.request.OpenerDirector:
+    """Straight to the checked address; through the proxy where the environment names one for it."""
+    address = _checked_address(url)
+    if urllib.request.getproxies() and not urllib.request.proxy_bypass(urlsplit(url).hostname or ""):
+        return urllib.request.build_opener(_NoRedirects())
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects(), _PinnedHTTP(address),
+                                       _PinnedHTTPS(address))
 
 
 def post(url: str, payload: dict[str, Any], *, timeout_s: float = TIMEOUT_S) -> int | str:
     """POSTs `payload` (redacted) now; returns the HTTP status or the error text. Never raises."""
     try:
         check_webhook_url(url)
-        _check_resolved(url)
+        opener = _opener(url)
         body = json.dumps(redact.scrub(payload), default=str).encode()
         request = urllib.request.Request(url, data=body, method="POST", headers={
             "Content-Type": "application/json", "User-Agent": f"optico/{__version__}"})
-        with _OPENER.open(request, timeout=timeout_s) as response:
+        with opener.open(request, timeout=timeout_s) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)

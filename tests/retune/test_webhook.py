@@ -27,7 +27,8 @@ class _Receiver(BaseHTTPRequestHandler):
             self.send_header("Location", "file:///etc/passwd")
             self.end_headers()
             return
-        type(self).received.append({"path": self.path, "body": body, "type": self.headers["Content-Type"]})
+        type(self).received.append({"path": self.path, "body": body, "type": self.headers["Content-Type"],
+                                    "host": self.headers["Host"]})
         self.send_response(204)
         self.end_headers()
 
@@ -107,3 +108,36 @@ def test_a_name_that_resolves_to_loopback_is_refused_when_sent(server: str, monk
     assert check_webhook_url(f"http://hooks.rebind.test:{port}/hook")  # a name: checked when sent
     assert "loopback or link-local" in str(post(f"http://hooks.rebind.test:{port}/hook", {"x": 1}))
     assert _Receiver.received == []
+
+
+def _answers(monkeypatch: pytest.MonkeyPatch, name: str, *addresses: str) -> None:
+    """This machine's resolver answers `name` with each address in turn (then the last): a name
+    whose DNS answer changes between two lookups, as a rebinding server's does."""
+    real, left = socket.getaddrinfo, list(addresses)
+
+    def getaddrinfo(host: str, *a: object, **k: object) -> list:
+        if host != name:
+            return real(host, *a, **k)
+        return real(left.pop(0) if len(left) > 1 else left[0], *a, **k)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def test_a_name_that_rebinds_after_the_check_is_not_followed(server: str, monkeypatch: pytest.MonkeyPatch):
+    """Checked with a public answer, then loopback on the next lookup: the hook goes to the address
+    that was checked (here one that answers nobody), never to the receiver on loopback."""
+    port = server.rsplit(":", 1)[1]
+    monkeypatch.delenv("OPTICO_WEBHOOK_ALLOW_LOCAL")
+    _answers(monkeypatch, "hooks.rebind.test", "192.0.2.1", "127.0.0.1")  # TEST-NET-1, then loopback
+    result = post(f"http://hooks.rebind.test:{port}/hook", {"x": 1}, timeout_s=1.0)
+    assert not isinstance(result, int), result
+    assert _Receiver.received == []
+
+
+def test_the_request_goes_to_the_checked_address_with_the_name_as_host(server: str,
+                                                                        monkeypatch: pytest.MonkeyPatch):
+    """The receiver listens on 127.0.0.1 only; a second lookup would say 127.0.0.2 (refused there)."""
+    port = server.rsplit(":", 1)[1]
+    _answers(monkeypatch, "hooks.pinned.test", "127.0.0.1", "127.0.0.2")
+    assert post(f"http://hooks.pinned.test:{port}/hook", {"x": 1}) == 204
+    assert [(r["path"], r["host"]) for r in _Receiver.received] == [("/hook", f"hooks.pinned.test:{port}")]
