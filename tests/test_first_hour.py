@@ -40,6 +40,7 @@ def first_run(tmp_path_factory: pytest.TempPathFactory):
         shown = run_in_process(["jobs", "show", "1", "--agent", "analysis"])
         iteration = run_in_process(["jobs", "show", "1", "--iteration", "2"])
         unknown_agent = run_in_process(["jobs", "show", "1", "--agent", "oracle"])
+        no_iteration = run_in_process(["jobs", "show", "1", "--iteration", "999"])
     finally:
         for key, value in saved.items():
             if value is None:
@@ -47,7 +48,7 @@ def first_run(tmp_path_factory: pytest.TempPathFactory):
             else:
                 os.environ[key] = value
     return SimpleNamespace(home=home, out=out, tune=outcome, listed=listed, shown=shown, iteration=iteration,
-                           unknown_agent=unknown_agent)
+                           unknown_agent=unknown_agent, no_iteration=no_iteration)
 
 
 def test_the_pool_is_private_and_announced(first_run):
@@ -94,6 +95,8 @@ def test_jobs_show_filters(first_run):
     assert first_run.unknown_agent.code == 2
     assert first_run.unknown_agent.stderr.startswith("error: --agent: no messages from 'oracle'")
     assert first_run.unknown_agent.stdout == ""  # refused before the job is printed
+    assert first_run.no_iteration.code == 2 and first_run.no_iteration.stdout == ""
+    assert first_run.no_iteration.stderr.startswith("error: --iteration: job 1 has no iteration 999; its iterations: 1 to ")
 
 
 def test_a_job_whose_worker_died_says_so_and_how_to_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

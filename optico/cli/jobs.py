@@ -117,8 +117,13 @@ def _compact(content: dict[str, Any], reasoning: bool) -> str:
 
 
 def _selected_messages(store, job_id: int, *, iteration: int | None, agent: str | None, kind: str | None) -> list:
-    """The job's messages the options select; an --agent or --kind the job has none of is refused."""
+    """The job's messages the options select; an --iteration, --agent or --kind the job has none of
+    is refused."""
     messages = store.messages(job_id, iteration)
+    if iteration is not None and not messages:
+        held = sorted({m.iteration for m in store.messages(job_id, None)})
+        fail(f"--iteration: job {job_id} has no iteration {iteration}; "
+             + (f"its iterations: {held[0]} to {held[-1]}" if held else "it has no messages yet"))
     if agent is not None or kind is not None:
         agents = sorted({m.agent for m in messages})
         kinds = sorted({m.kind for m in messages})
