@@ -102,15 +102,15 @@ def _literal_addresses(host: str) -> list[str]:
     return []
 
 
-def _checked_address(url: str) -> str:
-    """The address the URL's host resolves to, once every address it resolves to has passed
-    `_check_addresses` (ValueError otherwise)."""
+def _checked_addresses(url: str) -> list[str]:
+    """The addresses the URL's host resolves to, once every one has passed `_check_addresses`
+    (ValueError otherwise)."""
     parts = urlsplit(url)
     infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
                                proto=socket.IPPROTO_TCP)
     addresses = [str(info[4][0]) for info in infos]
     _check_addresses(parts.hostname or "", addresses)
-    return addresses[0]
+    return addresses
 
 
 def where(url: str) -> str:
@@ -124,41 +124,51 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None  # urllib then raises HTTPError with the 3xx: reported, not followed
 
 
-def _pinned(connection: type[http.client.HTTPConnection], address: str, host: str,
+def _pinned(connection: type[http.client.HTTPConnection], addresses: list[str], host: str,
             **kwargs: Any) -> http.client.HTTPConnection:
-    """`connection` to `host` whose socket goes to `address`: the Host header and TLS's server name
-    and certificate check stay the name's."""
+    """`connection` to `host` whose socket goes to one of `addresses`, in order, as the resolver's
+    answer would be tried: the Host header and TLS's server name and certificate check stay the name's."""
+    def connect(where: tuple[str, int], *args: Any, **kw: Any) -> socket.socket:
+        error: OSError = OSError(f"no address for {host}")
+        for address in addresses:
+            try:
+                return socket.create_connection((address, where[1]), *args, **kw)
+            except OSError as exc:
+                error = exc
+        raise error
+
     conn = connection(host, **kwargs)
-    conn._create_connection = lambda where, *a, **k: socket.create_connection((address, where[1]), *a, **k)
+    conn._create_connection = connect
     return conn
 
 
 class _PinnedHTTP(urllib.request.HTTPHandler):
-    def __init__(self, address: str) -> None:
+    def __init__(self, addresses: list[str]) -> None:
         super().__init__()
-        self.address = address
+        self.addresses = addresses
 
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(partial(_pinned, http.client.HTTPConnection, self.address), req)
+        return self.do_open(partial(_pinned, http.client.HTTPConnection, self.addresses), req)
 
 
 class _PinnedHTTPS(urllib.request.HTTPSHandler):
-    def __init__(self, address: str) -> None:
+    def __init__(self, addresses: list[str]) -> None:
         super().__init__()
-        self.address = address
+        self.addresses = addresses
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(partial(_pinned, http.client.HTTPSConnection, self.address), req,
+        return self.do_open(partial(_pinned, http.client.HTTPSConnection, self.addresses), req,
                             context=self._context)
 
 
 def _opener(url: str) -> urllib.request.OpenerDirector:
     """Straight to the checked address; through the proxy where the environment names one for it."""
-    address = _checked_address(url)
-    if urllib.request.getproxies() and not urllib.request.proxy_bypass(urlsplit(url).hostname or ""):
+    addresses = _checked_addresses(url)
+    parts = urlsplit(url)
+    if urllib.request.getproxies().get(parts.scheme) and not urllib.request.proxy_bypass(parts.hostname or ""):
         return urllib.request.build_opener(_NoRedirects())
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects(), _PinnedHTTP(address),
-                                       _PinnedHTTPS(address))
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects(), _PinnedHTTP(addresses),
+                                       _PinnedHTTPS(addresses))
 
 
 def post(url: str, payload: dict[str, Any], *, timeout_s: float = TIMEOUT_S) -> int | str:

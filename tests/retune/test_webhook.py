@@ -141,3 +141,15 @@ def test_the_request_goes_to_the_checked_address_with_the_name_as_host(server: s
     _answers(monkeypatch, "hooks.pinned.test", "127.0.0.1", "127.0.0.2")
     assert post(f"http://hooks.pinned.test:{port}/hook", {"x": 1}) == 204
     assert [(r["path"], r["host"]) for r in _Receiver.received] == [("/hook", f"hooks.pinned.test:{port}")]
+
+
+def test_through_a_proxy_the_proxy_gets_the_request(server: str, monkeypatch: pytest.MonkeyPatch):
+    """Where HTTP_PROXY applies, the hook goes to the proxy (here the receiver), which resolves the
+    name itself: the request line carries the whole URL."""
+    monkeypatch.delenv("OPTICO_WEBHOOK_ALLOW_LOCAL")
+    monkeypatch.setenv("HTTP_PROXY", server)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    _answers(monkeypatch, "hooks.example.test", "192.0.2.1")
+    assert post("http://hooks.example.test/hook", {"x": 1}, timeout_s=5.0) == 204
+    assert [r["path"] for r in _Receiver.received] == ["http://hooks.example.test/hook"]
