@@ -3,7 +3,7 @@
 # its configurations and the probe spec from .whl/ instead of this folder. Run from the repository root with the
 # carried wheels in .whl/ (docs/benchmarks.md, "How to run it"). CONFIGS picks the pass:
 #   first pass:  CONFIGS=configs-first-pass.txt  SWEEP_S=440 RUN_S=75 bash run.sh   (then the probe)
-#   second pass: CONFIGS=configs-second-pass.txt SWEEP_S=230 RUN_S=70 bash run.sh   (no probe: PROBE=0)
+#   second pass: PROBE=0 CONFIGS=configs-second-pass.txt SWEEP_S=230 RUN_S=70 bash run.sh   (no probe)
 #   repeat:      CONFIGS=configs-repeat.txt      SWEEP_S=150 RUN_S=70 bash run.sh   (then the probe)
 # Rows are written one by one into $OUT, so a pass cut off by SWEEP_S keeps what it measured.
 HERE=benchmarks/data/gpu-checks/h100-llama3.2-1b-8k-raw
