@@ -8,6 +8,7 @@ Shared by `optico.cli` and `optico.bench.cli` (which `optico.cli` registers, so 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,6 +66,16 @@ def _check_output_path(path: Path, option: str) -> None:
         fail(SpecError(option, f"cannot create {path}: {folder} is not writable ({exc.strerror or exc})"))
 
 
+def _mode_for(target: Path) -> int:
+    """The permissions a file written in place would have: the earlier file's, else the umask's."""
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return 0o666 & ~mask
+
+
 @contextmanager
 def output_file(path: Path, option: str) -> Iterator[TextIO]:
     """`path` opened for writing text, its missing folders made first (`check_output_path` allowed
@@ -81,6 +92,7 @@ def output_file(path: Path, option: str) -> Iterator[TextIO]:
     try:
         with handle:
             yield handle
+        os.chmod(handle.name, _mode_for(target))  # the temporary file is 0600
         os.replace(handle.name, target)
     except BaseException as exc:
         Path(handle.name).unlink(missing_ok=True)

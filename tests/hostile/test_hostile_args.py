@@ -194,6 +194,26 @@ def test_jobs_stop_cancels_a_queued_job_and_stops_a_running_one_like_the_api(spe
         assert store.get_job(2).stop_reason == "stopped before it started (CLI)"
 
 
+def test_a_written_file_has_the_permissions_a_plain_write_gives(tmp_path: Path) -> None:
+    """Written through a temporary file (0600), the result still gets the umask's mode, or the
+    earlier file's: an exported CSV is for the team to read."""
+    from optico.terminal import output_file
+
+    mask = os.umask(0o022)
+    try:
+        with output_file(tmp_path / "new.csv", "--out") as f:
+            f.write("a\n")
+        earlier = tmp_path / "earlier.csv"
+        earlier.write_text("old\n")
+        earlier.chmod(0o640)
+        with output_file(earlier, "--out") as f:
+            f.write("new\n")
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "new.csv").stat().st_mode & 0o777 == 0o644
+    assert earlier.stat().st_mode & 0o777 == 0o640 and earlier.read_text() == "new\n"
+
+
 def test_a_write_that_fails_at_the_end_is_one_line_and_leaves_the_earlier_file(tmp_path: Path,
                                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                                  capsys: pytest.CaptureFixture):
