@@ -5,8 +5,9 @@ Registered on the `jobs` group next to its read-only commands."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -14,16 +15,20 @@ from optico.cli.common import DatabaseOption, check_id, console, fail, open_stor
 from optico.cli.jobs import jobs_app
 from optico.errors import SpecError
 
+if TYPE_CHECKING:
+    from optico.pool.contract import Store
+    from optico.pool.records import JobRecord
 
-def _transition(job_id: int, to: str, reason: str, database: str | None) -> None:
-    from optico.pool.lifecycle import JobStatus, LifecycleError
+
+def _change(job_id: int, database: str | None, change: Callable[[Store], JobRecord]) -> None:
+    """Applies `change` to the job and prints its new status; a refused change is one line."""
+    from optico.pool.lifecycle import LifecycleError
 
     check_id(job_id, "JOB_ID")
     store, url = open_store(database, job=job_id)
     with store:
-        try:  # a stop is the API's: a queued job is cancelled, a running one finishes its trial
-            job = store.stop_job(job_id, "CLI") if to == "stopping" else \
-                store.transition(job_id, JobStatus(to), reason=reason)
+        try:
+            job = change(store)
         except KeyError:
             fail(SpecError("JOB_ID", f"no job {job_id} in {url}"))
         except LifecycleError as exc:
@@ -50,19 +55,25 @@ def jobs_submit(spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help=
 @jobs_app.command("stop")
 def jobs_stop(job_id: int, database: Optional[str] = DatabaseOption) -> None:
     """Stop gracefully: the running trial finishes, no new one starts; a queued job is cancelled."""
-    _transition(job_id, "stopping", "stopped on request (CLI)", database)
+    _change(job_id, database, lambda store: store.stop_job(job_id, "CLI"))  # as the API stops one
 
 
 @jobs_app.command("cancel")
 def jobs_cancel(job_id: int, database: Optional[str] = DatabaseOption) -> None:
     """Cancel: the running trial is killed and recorded as lost."""
-    _transition(job_id, "cancelled", "cancelled on request (CLI)", database)
+    from optico.pool.lifecycle import JobStatus
+
+    _change(job_id, database, lambda store: store.transition(job_id, JobStatus.CANCELLED,
+                                                             reason="cancelled on request (CLI)"))
 
 
 @jobs_app.command("resume")
 def jobs_resume(job_id: int, database: Optional[str] = DatabaseOption) -> None:
     """Queue an interrupted or failed job again for the workers (`optico tune --resume` runs it here instead)."""
-    _transition(job_id, "queued", "resumed on request (CLI)", database)
+    from optico.pool.lifecycle import JobStatus
+
+    _change(job_id, database, lambda store: store.transition(job_id, JobStatus.QUEUED,
+                                                             reason="resumed on request (CLI)"))
 
 
 @jobs_app.command("budget")
