@@ -122,6 +122,7 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, cli_env: dict):
     refused = subprocess.run(optico_cmd("tune", "--resume", "1"), env=cli_env, capture_output=True, text=True,
                              timeout=120)
     assert refused.returncode == 2 and "job 1 is held by worker" in refused.stderr, refused.stderr
+    assert refused.stdout == "", refused.stdout  # one line on stderr, nothing before it
     time.sleep(float(cli_env["OPTICO_LEASE_S"]) + 0.5)
 
     resumed = subprocess.run(optico_cmd("tune", "--resume", "1", "--json", str(tmp_path / "r.json")), env=cli_env,

@@ -233,6 +233,9 @@ def tune(
             job_id = resume
             if job.status is JobStatus.CANCELLED:
                 fail(f"--resume: job {job_id} was cancelled; it cannot be resumed")
+            if job.lease_live(store.db_now()):
+                # Refused before anything is printed (the claim below refuses a race just the same).
+                fail(str(LeaseHeld(job_id, job.lease_owner, job.lease_expires_at)))
             name = terminal_text(job.name, one_line=True, max_chars=200)
             if job.status is not JobStatus.SUCCEEDED:
                 console.print(Text(f"resuming job {job_id} ({name}), {len(store.trials(job_id))} trials recorded"))

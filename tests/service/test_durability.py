@@ -104,6 +104,7 @@ def test_two_workers_one_job_and_a_killed_worker_is_taken_over(db_url: str, tmp_
                                     capture_output=True, text=True, timeout=120)
             assert resume.returncode == 2, resume.stdout + resume.stderr
             assert f"job {job_id} is held by worker {holder} until" in resume.stderr
+            assert resume.stdout == "", resume.stdout  # refused before any header line
             wait_for(lambda: any(t.status is TrialStatus.RUNNING for t in store.trials(job_id))
                      and len(store.trials(job_id)) >= 2, what="trial 2 running")
             pid = int(holder.split(":")[1])
