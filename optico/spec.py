@@ -69,7 +69,9 @@ class Budget(BaseModel):
     gpu_hours: float | None = Field(None, gt=0, description="GPU-hours the runs may spend.")
     patience: PositiveInt | None = Field(None, description="Stop after this many trials without a better MFU.")
     target_mfu: float | None = Field(None, gt=0, le=1, description="Stop once a trial reaches this MFU.")
-    converge_tol: float | None = Field(0.005, ge=0, lt=1, description="Stop once the next launches (up to 10) "
+    # 0.1 %: the launches a stop saves cost less than that share of a run of weeks to months, the runs
+    # OptiCo tunes (a few 20-minute trials against 0.1 % of a two-month run are about even).
+    converge_tol: float | None = Field(0.001, ge=0, lt=1, description="Stop once the next launches (up to 10) "
                                        "are not expected to beat the best measured MFU by more than this "
                                        "fraction (the model, corrected by the job's measurements, and its "
                                        "uncertainty); None = never.")

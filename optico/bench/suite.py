@@ -94,7 +94,7 @@ def select_landscapes(suite: Suite = "all", files: Sequence[str | Path] = (), on
     groups = {"sim": ["self"], "replay": ["real"]}.get(suite, [suite] if suite != "all" else list(GROUPS))
     defs: list[LandscapeDef] = []
     if "independent" in groups:
-        defs += thirdparty_defs(seed)
+        defs += thirdparty_defs(seed, dev=dev)
     if "out-of-form" in groups:
         # --all-clusters: every preset and cluster (the wider set to develop on; four are reported).
         oof = sim_defs(seed, all_clusters=all_clusters, effect_size=EFFECT_SIZE, group="out-of-form", suffix="+oof")

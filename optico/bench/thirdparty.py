@@ -260,6 +260,18 @@ SETUPS: tuple[tuple[str, str, int, int, int], ...] = (
     ("qwen2.5-7b", "h100-sxm", 64, 4096, 16),
     ("llama3-70b", "h100-sxm", 64, 4096, 4),
 )
+# Development setups (`optico bench --dev`): none of them is a reported one. A landscape seed only
+# redraws a setup's efficiencies and noise, while its memory and layout structure are llm-analysis's
+# for that model and cluster, so tuning on the reported setups at another seed would tune on them.
+DEV_SETUPS: tuple[tuple[str, str, int, int, int], ...] = (
+    ("llama2-7b", "h100-sxm", 16, 4096, 16),
+    ("llama3-8b", "a100-80gb", 16, 8192, 16),
+    ("qwen2.5-7b", "a100-80gb", 8, 4096, 16),
+    ("gpt3-7b", "h100-sxm", 64, 4096, 16),
+    ("llama3-70b", "a100-80gb", 64, 4096, 4),
+    ("llama3-8b", "h100-sxm", 16, 4096, 16),
+    ("llama2-7b", "a100-80gb", 32, 4096, 8),
+)
 
 
 class ThirdPartyDef(LandscapeDef):
@@ -316,14 +328,14 @@ class ThirdPartyDef(LandscapeDef):
                          noise={"step_time": step_noise, "memory": mem_noise, "hang_rate": HANG_RATE})
 
 
-def thirdparty_defs(landscape_seed: int = 0, suffix: str = "") -> list[ThirdPartyDef]:
-    """The llm-analysis landscapes (SETUPS): the simulated suite's knobs without CP and CE fusion
-    (neither is in llm-analysis), the distributed optimizer on."""
+def thirdparty_defs(landscape_seed: int = 0, suffix: str = "", dev: bool = False) -> list[ThirdPartyDef]:
+    """The llm-analysis landscapes (SETUPS, or DEV_SETUPS with `dev`): the simulated suite's knobs
+    without CP and CE fusion (neither is in llm-analysis), the distributed optimizer on."""
     from optico.bench.landscapes import MODEL_SETUPS, sim_tunables
     from optico.workload import Cluster
 
     out = []
-    for preset, gpu, world, seq, per_gpu in SETUPS:
+    for preset, gpu, world, seq, per_gpu in DEV_SETUPS if dev else SETUPS:
         setup = MODEL_SETUPS[preset]
         w = Workload(model=setup.arch, seq_length=seq, global_batch_size=per_gpu * world, precision="bf16",
                      cluster=Cluster(gpu=gpu, gpus_per_node=8, nodes=world // 8))

@@ -191,6 +191,12 @@ def test_select_landscapes():
     assert {n for n in groups["out-of-form"]} < {d.name for d in wide}  # the reported ones among them
     assert select_landscapes("sim", dev=True)[0].landscape_seed == separation.DEV_LANDSCAPE_SEEDS[1]
     assert select_landscapes("sim")[0].landscape_seed == separation.test_landscape_seed(0)
+    # The independent group's development landscapes are other models and clusters, not the reported
+    # ones at another seed (a seed only redraws efficiencies and noise).
+    reported, development = select_landscapes("independent"), select_landscapes("independent", dev=True)
+    assert len(development) >= len(reported) == 5
+    assert not {d.workload.key() for d in reported} & {d.workload.key() for d in development}
+    assert not {d.name for d in reported} & {d.name for d in development}
     with pytest.raises(ValueError, match="--suite"):
         select_landscapes("nope")  # type: ignore[arg-type]
 
