@@ -117,14 +117,17 @@ def score(model: JobModel, s: Strategy, best: float) -> float:
 def rank(model: JobModel, entries: Sequence[tuple[Strategy, int, bool]],
          answer_health: bool) -> list[tuple[float, int, bool, Strategy]]:
     """`entries`: admissible (candidate, number of changed knobs, answers the diagnosis). Returns
-    (score, changes, standard, candidate), best first: near-ties go to standard moves, then to
-    fewer changes; with `answer_health` (a diagnosed state) standard moves scoring at least
+    (score, changes, standard, candidate), best first: near-ties go to a candidate worth anything
+    over one worth nothing, then to standard moves, then to fewer changes; with `answer_health` (a diagnosed state) standard moves scoring at least
     HEALTH_SHARE of the best come first, as the paper's procedure answers the state first."""
     best = model.incumbent_mfu()
     scored = [(score(model, cand, best), n, standard, cand) for cand, n, standard in entries]
     # Before any run the scores are expected MFUs: the best of them sets the scale instead.
     tie = TIE * (best if best > 0 else max((x[0] for x in scored), default=0.0)) or 1e-12
-    scored.sort(key=lambda x: (-round(x[0] / tie), not x[2], x[1]))
+    # A candidate worth nothing (below the fit floor, or no chance to beat the incumbent) never wins a
+    # tie against one worth something: late in a job every gain can be within the tie, and the smaller
+    # move that won it was then often a long shot unlikely to fit (ninth freeze, docs/benchmarks.md).
+    scored.sort(key=lambda x: (-round(x[0] / tie), x[0] <= 0, not x[2], x[1]))
     if answer_health and POLICY.health_rules and scored:
         top = scored[0][0]
         scored.sort(key=lambda x: not (x[2] and x[0] >= top * HEALTH_SHARE))

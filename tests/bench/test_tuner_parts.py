@@ -214,6 +214,35 @@ def test_ranking_does_not_depend_on_the_workloads_mfu_scale():
         assert acquisition.rank(_Scaled(level, scale), entries, answer_health=False)[0][3] == small
 
 
+class _Fits(_Scaled):
+    """`_Scaled` with a chance of fitting per candidate."""
+
+    def __init__(self, mfus: dict, fits: dict):
+        super().__init__(mfus, 1.0)
+        self.fits = fits
+
+    def belief(self, s):
+        return super().belief(s)._replace(fit=self.fits[s])
+
+
+def test_a_long_shot_never_wins_a_tie_against_a_candidate_worth_something():
+    """Late in a job every expected gain can be within the tie (0.1 % of the incumbent); the tie used
+    to go to the smaller move even when that was a configuration below the fit floor (gain 0)."""
+    long_shot, modest = "one standard change, unlikely to fit", "three changes, a small gain"
+    mfus = {long_shot: 0.56, modest: 0.4}  # the long shot would be far better, if it fitted
+    fits = {long_shot: acquisition.MIN_FIT_CHANCE - 0.2, modest: 1.0}
+    model = _Fits(mfus, fits)
+    assert acquisition.expected_gain(model, long_shot) == 0.0
+    assert 0 < acquisition.expected_gain(model, modest) < acquisition.TIE * model.incumbent_mfu()  # within the tie
+    entries = [(long_shot, 1, True), (modest, 3, False)]
+    for health in (False, True):
+        assert [r[3] for r in acquisition.rank(model, entries, answer_health=health)] == [modest, long_shot]
+    # between candidates that are both worth something, a tie still goes to the smaller, standard move
+    fits[long_shot] = 1.0
+    mfus[long_shot] = 0.4
+    assert acquisition.rank(model, entries, answer_health=False)[0][3] == long_shot
+
+
 def test_feature_terms_carry_a_component_error_to_configurations_with_more_or_less_of_it():
     # Log memory error of a configuration whose activations are the share `a` of its memory, when
     # the model undercounts activations by 30 %: log(1 + 0.3·a). The knob kernel alone spreads the
