@@ -118,8 +118,9 @@ def rank(model: JobModel, entries: Sequence[tuple[Strategy, int, bool]],
          answer_health: bool) -> list[tuple[float, int, bool, Strategy]]:
     """`entries`: admissible (candidate, number of changed knobs, answers the diagnosis). Returns
     (score, changes, standard, candidate), best first: near-ties go to a candidate worth anything
-    over one worth nothing, then to standard moves, then to fewer changes; with `answer_health` (a diagnosed state) standard moves scoring at least
-    HEALTH_SHARE of the best come first, as the paper's procedure answers the state first."""
+    over one worth nothing, then to standard moves, then to fewer changes; with `answer_health` (a
+    diagnosed state) standard moves scoring at least HEALTH_SHARE of the best come first, as the
+    paper's procedure answers the state first."""
     best = model.incumbent_mfu()
     scored = [(score(model, cand, best), n, standard, cand) for cand, n, standard in entries]
     # Before any run the scores are expected MFUs: the best of them sets the scale instead.
