@@ -239,6 +239,9 @@ PRESETS: dict[str, ModelArch] = {
         _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256),
         _llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256),
+        # Llama 3.2 (HF configs): tied embeddings, head dim hidden/heads (64 and 128).
+        _llama("llama3.2-1b", 16, 2048, 32, 8, 8192, 128256, untie_embeddings_and_output_weights=False),
+        _llama("llama3.2-3b", 28, 3072, 24, 8, 8192, 128256, untie_embeddings_and_output_weights=False),
         _llama("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, untie_embeddings_and_output_weights=False),
         _llama("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064),
         _llama("qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064),
@@ -246,6 +249,10 @@ PRESETS: dict[str, ModelArch] = {
         # Megatron's GPT-3 family: GeLU MLP of 4h, multi-head attention, GPT-2 vocabulary.
         _llama("gpt3-7b", 32, 4096, 32, None, 16384, 50257, swiglu=False),
         _llama("gpt3-175b", 96, 12288, 96, None, 49152, 50257, swiglu=False),
+        # Nemotron-4 (NeMo Nemotron4Config15B / 340B): squared-ReLU MLP, GQA 8 groups, untied, 256k
+        # vocabulary; its partial rotary embedding and LayerNorm are not modelled (neither moves time).
+        _llama("nemotron4-15b", 32, 6144, 48, 8, 24576, 256000, swiglu=False),
+        _llama("nemotron4-340b", 96, 18432, 96, 8, 73728, 256000, swiglu=False),
         # Qwen3-30B-A3B: 128 experts, top-8, head dim 128 (not hidden/heads).
         _llama("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, kv_channels=128,
                num_experts=128, moe_router_topk=8, moe_ffn_hidden_size=768),
@@ -264,6 +271,10 @@ PRESETS: dict[str, ModelArch] = {
         _llama("llama4-maverick", 48, 5120, 40, 8, 16384, 202048, kv_channels=128, num_experts=128,
                moe_router_topk=1, moe_ffn_hidden_size=8192, moe_shared_expert_intermediate_size=8192,
                moe_layer_freq=[i % 2 for i in range(48)]),
+        # Llama 4 Scout (HF config, Megatron-LM's example arguments): every layer MoE, 16 experts top-1
+        # plus a shared expert.
+        _llama("llama4-scout", 48, 5120, 40, 8, 16384, 202048, kv_channels=128, num_experts=16,
+               moe_router_topk=1, moe_ffn_hidden_size=8192, moe_shared_expert_intermediate_size=8192),
         # MLA models (HF configs / Megatron-Bridge providers): DeepSeek-V3 and Kimi-K2 (first layers
         # dense, one shared expert), Moonlight / DeepSeek-V2-Lite (no query compression).
         _llama("deepseek-v3", 61, 7168, 128, None, 18432, 129280, multi_latent_attention=True, q_lora_rank=1536,

@@ -169,6 +169,20 @@ def test_presets_have_known_sizes():
     # OpenAI's model cards: 116.8 B and 20.9 B (head dim 64, not hidden / heads = 45).
     assert abs(PRESETS["gpt-oss-120b"].num_params() / 1e9 - 116.8) < 0.2
     assert abs(PRESETS["gpt-oss-20b"].num_params() / 1e9 - 20.9) < 0.1
+    # Hugging Face's counts for Llama 3.2 (tied embeddings): 1,235,814,400 and 3,212,749,824.
+    assert abs(PRESETS["llama3.2-1b"].num_params() / 1e9 - 1.236) < 0.005
+    assert abs(PRESETS["llama3.2-3b"].num_params() / 1e9 - 3.213) < 0.005
+    assert abs(PRESETS["nemotron4-340b"].num_params() / 1e9 - 341) < 2
+
+
+def test_published_model_names_find_their_preset():
+    """A published row that names its model but gives no dimensions is read from the preset."""
+    from optico.replay_csv import preset_by_name
+
+    named = {"Llama-3.2-1B": "llama3.2-1b", "Llama 3.2 3B": "llama3.2-3b", "Nemotron4 15b BF16": "nemotron4-15b",
+             "Nemotron-4 340B": "nemotron4-340b", "Llama4 Scout 17B-16E": "llama4-scout",
+             "Llama4-Maverick": "llama4-maverick"}
+    assert {name: getattr(preset_by_name(name), "name", None) for name in named} == named
 
 
 def test_count_changes_is_the_size_of_the_diff() -> None:
