@@ -26,7 +26,7 @@ from optico.agents.fallback import WithFallback, pool_notifier
 from optico.agents.generation import RulesGeneration
 from optico.candidates import candidate_pool
 from optico.checkpoint import open_checkpointer, thread_config
-from optico.events import JobFinished
+from optico.events import JobFinished, TrialLost
 from optico.guard import Guard
 from optico.launchers.base import Launcher
 from optico.launchers.factory import build_launcher
@@ -228,7 +228,7 @@ async def run_claimed_job(store: Store, database_url: str, job_id: int, *, worke
                                  reason=f"interrupted: the database connection was lost ({reason})")
             else:
                 # The trial it was running has no result: recorded lost, not left running for ever.
-                _lose_running(store, job_id, worker, f"the run broke: {reason}")
+                _lose_running(store, job_id, worker, f"the run broke: {reason}", on_event)
                 store.transition(job_id, JobStatus.FAILED, reason=reason, worker=worker)
         except (LifecycleError, StoreError):
             pass  # the database is still down: the lease expires and the next holder takes the job over
@@ -275,11 +275,16 @@ async def _cancel_on(shutdown: asyncio.Event, task: asyncio.Task, heartbeat: Hea
         task.cancel()
 
 
-def _lose_running(store: Store, job_id: int, worker: str, reason: str) -> None:
-    """Records the job's running trial (if any) lost: its run ended without a result we can trust."""
+def _lose_running(store: Store, job_id: int, worker: str, reason: str, on_event: EventSink | None = None) -> None:
+    """Records the job's running trial (if any) lost, with its `trial_lost` event: its run ended without
+    a result we can trust."""
     for trial in store.trials(job_id):
         if trial.status is TrialStatus.RUNNING:
             store.lose_trial(trial.id, reason, worker=worker)
+            event = TrialLost(index=trial.index, reason=reason)
+            store.add_event(job_id, event, worker=worker)
+            if on_event:
+                on_event(event.kind, event.model_dump(mode="json"))
 
 
 def _settle(store: Store, job_id: int, worker: str, reason: str, on_event: EventSink | None) -> None:
@@ -288,7 +293,7 @@ def _settle(store: Store, job_id: int, worker: str, reason: str, on_event: Event
         return  # not ours any more: the next holder resumes (and re-runs the trial once)
     try:
         if reason == "cancelled":
-            _lose_running(store, job_id, worker, "the job was cancelled while it ran")
+            _lose_running(store, job_id, worker, "the job was cancelled while it ran", on_event)
             trials = store.trials(job_id)
             best = [t.mfu for t in trials if t.mfu is not None]
             event = JobFinished(status=JobStatus.CANCELLED.value, stop_reason="cancelled", trials=len(trials),
@@ -300,7 +305,7 @@ def _settle(store: Store, job_id: int, worker: str, reason: str, on_event: Event
         elif store.get_job(job_id).status is JobStatus.STOPPING:
             # A stop was asked for: the job ends now, its running trial recorded lost, rather than
             # being resumed by the next worker as if nobody had asked (a rolling restart lost the stop).
-            _lose_running(store, job_id, worker, "its worker stopped while the job was stopping")
+            _lose_running(store, job_id, worker, "its worker stopped while the job was stopping", on_event)
             complete_job(store, job_id, worker, "stopped on request (its worker stopped during the last trial)",
                          on_event=on_event)
         else:

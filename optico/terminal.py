@@ -19,14 +19,16 @@ import typer
 from rich.console import Console
 
 from optico.errors import SpecError
+from optico.redact import redact
 from optico.textsafe import markup
 
 err = Console(stderr=True, emoji=False)  # ":ok:" in a file name is text, not an emoji
 
 
 def fail(message: str | SpecError, code: int = 2) -> NoReturn:
-    """Prints `error: <message>` as one line (escaped: the message may quote user input) and exits."""
-    err.print(f"[bold red]error:[/] {markup(message, one_line=True, max_chars=1000)}", highlight=False,
+    """Prints `error: <message>` as one line (redacted and escaped: the message may quote user input,
+    a credential in the wrong field included) and exits."""
+    err.print(f"[bold red]error:[/] {markup(redact(str(message)), one_line=True, max_chars=1000)}", highlight=False,
               soft_wrap=True)
     raise typer.Exit(code)
 

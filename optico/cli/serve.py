@@ -54,6 +54,7 @@ def serve(
 
     from optico.redact import redact
     from optico.service.app import create_app
+    from optico.service.http_protocol import with_head_timeout
 
     if log_level.lower() not in LOG_LEVELS:
         fail(SpecError("--log-level", f"{log_level!r} is not one of {', '.join(LOG_LEVELS)}"))
@@ -72,7 +73,7 @@ def serve(
     console.print(f"optico serve on http://{host}:{port} — {count} worker(s), pool {redact(store.url)}",
                   highlight=False)
     uvicorn.run(create_app(settings, workers=count), host=host, port=port, log_level=log_level,
-                proxy_headers=False, server_header=False)
+                proxy_headers=False, server_header=False, http=with_head_timeout(settings.head_timeout_s))
 
 
 def worker(

@@ -61,8 +61,9 @@ _TRIALS: Table = Base.metadata.tables[TrialRow.__tablename__]
 _MESSAGES: Table = Base.metadata.tables[MessageRow.__tablename__]
 
 
-def _jsonable(value: Any, field: str) -> Any:
-    """`value`, redacted, as the database will give it back, or ValueError naming the field.
+def _jsonable(value: Any, field: str, redactor: redact.Redactor | None = None) -> Any:
+    """`value`, redacted (by `redactor`, default every secret known now), as the database will give it
+    back, or ValueError naming the field.
 
     Checked here because the backends fail differently (SQLite's driver raises
     StatementError, psycopg a bare TypeError at execute time), and NaN/Infinity, which
@@ -71,19 +72,29 @@ def _jsonable(value: Any, field: str) -> Any:
         plain = json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{field} must be JSON-serialisable (finite numbers, str keys): {exc}") from exc
-    return redact.scrub(plain)
+    return (redactor or redact.current()).scrub(plain)
 
 
-def spec_for_storage(spec: JobSpec) -> dict[str, Any]:
-    """The spec as stored: secret-named `launcher.env` values masked (and remembered for redaction),
-    every other string redacted."""
+def spec_redactor(spec: JobSpec) -> redact.Redactor:
+    """A redactor for the texts of one submission: every secret known now, and the secret-named
+    `launcher.env` values written into this spec. Those stay this submission's: registered for the
+    whole process, any writer could make an ordinary word (`MY_TOKEN: nightly`) a secret masked in
+    every other job's texts. (The trial never gets them: a stored spec holds `***`, which the worker
+    fills from its own environment, and `trial_env` registers what it passes.)"""
+    env = spec.launcher.env or {}
+    inline = [value for name, value in env.items() if redact.is_secret_name(name) and value != redact.MASK]
+    return redact.Redactor([*redact.known_secrets(), *inline])
+
+
+def spec_for_storage(spec: JobSpec, redactor: redact.Redactor | None = None) -> dict[str, Any]:
+    """The spec as stored: secret-named `launcher.env` values masked, every other string redacted
+    (by `redactor`, default `spec_redactor(spec)`)."""
     data = spec.model_dump(mode="json")
     env = data.get("launcher", {}).get("env") or {}
-    for name, value in env.items():
-        if redact.is_secret_name(name) and value != redact.MASK:
-            redact.register(value)
+    for name in env:
+        if redact.is_secret_name(name):
             env[name] = redact.MASK
-    return _jsonable(data, "spec")
+    return _jsonable(data, "spec", redactor or spec_redactor(spec))
 
 
 def _spec_hash(stored: dict[str, Any]) -> str:
@@ -92,6 +103,17 @@ def _spec_hash(stored: dict[str, Any]) -> str:
 
 def _token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _key_hash(idempotency_key: str) -> str:
+    """What the pool keeps of an Idempotency-Key: its hash (a client may put anything in the header,
+    a credential included; equality is all the key is for)."""
+    return "sha256:" + hashlib.sha256(idempotency_key.encode()).hexdigest()
+
+
+def _key_matches(idempotency_key: str) -> Any:
+    """The rows created with this key: by its hash, or as it was stored before keys were hashed."""
+    return JobRow.idempotency_key.in_([_key_hash(idempotency_key), idempotency_key])
 
 
 # -- rows -> frozen objects --------------------------------------------------------------------
@@ -251,23 +273,26 @@ class SqlStore(ScheduleSql, Store):
                    ) -> tuple[int, bool]:
         if origin not in ("queue", "cli"):
             raise ValueError(f"origin must be 'queue' or 'cli', got {origin!r}")
-        stored = spec_for_storage(spec)
+        redactor = spec_redactor(spec)
+        stored = spec_for_storage(spec, redactor)
         digest = _spec_hash(stored)
         key = spec.workload.key()
         try:
             with self._session() as s:
                 if idempotency_key is not None:
-                    existing = s.scalars(select(JobRow).where(JobRow.idempotency_key == idempotency_key)).first()
+                    existing = s.scalars(select(JobRow).where(_key_matches(idempotency_key))).first()
                     if existing is not None:
-                        return self._same_spec(existing, digest, idempotency_key), False
+                        return self._same_spec(existing, digest), False
                 # DO NOTHING rather than check-then-insert: two jobs on a new workload may come at once.
                 s.execute(self._insert(_WORKLOADS)
-                          .values(key=key, description=redact.redact(spec.workload.describe()),
-                                  workload=_jsonable(spec.workload.model_dump(mode="json"), "workload"))
+                          .values(key=key, description=redactor.text(spec.workload.describe()),
+                                  workload=_jsonable(spec.workload.model_dump(mode="json"), "workload", redactor))
                           .on_conflict_do_nothing(index_elements=["key"]))
-                row = JobRow(name=redact.redact(spec.name), status=JobStatus.QUEUED.value, workload_key=key,
+                row = JobRow(name=redactor.text(spec.name), status=JobStatus.QUEUED.value, workload_key=key,
                              spec=stored, origin=origin, max_trials=spec.budget.max_trials,
-                             gpu_hours=spec.budget.gpu_hours, idempotency_key=idempotency_key, spec_hash=digest)
+                             gpu_hours=spec.budget.gpu_hours,
+                             idempotency_key=None if idempotency_key is None else _key_hash(idempotency_key),
+                             spec_hash=digest)
                 s.add(row)
                 s.flush()
                 self._append_event(s, row.id, JobStateChanged(status=JobStatus.QUEUED.value, reason="created"))
@@ -277,18 +302,19 @@ class SqlStore(ScheduleSql, Store):
             if idempotency_key is None or not isinstance(exc.__cause__, IntegrityError):
                 raise
             with self._session() as s:
-                existing = s.scalars(select(JobRow).where(JobRow.idempotency_key == idempotency_key)).one()
-                return self._same_spec(existing, digest, idempotency_key), False
+                existing = s.scalars(select(JobRow).where(_key_matches(idempotency_key))).one()
+                return self._same_spec(existing, digest), False
 
     @staticmethod
-    def _same_spec(row: JobRow, digest: str, key: str) -> int:
+    def _same_spec(row: JobRow, digest: str) -> int:
+        # The key is not echoed: it may hold anything a client sent.
         if row.spec_hash != digest:
-            raise IdempotencyConflict(f"Idempotency-Key {key!r} was used for job {row.id} with a different spec")
+            raise IdempotencyConflict(f"this Idempotency-Key was used for job {row.id} with a different spec")
         return row.id
 
     def job_id_for_key(self, idempotency_key: str) -> int | None:
         with self._session(read=True) as s:
-            return s.scalars(select(JobRow.id).where(JobRow.idempotency_key == idempotency_key)).first()
+            return s.scalars(select(JobRow.id).where(_key_matches(idempotency_key))).first()
 
     def get_job(self, job_id: int) -> JobRecord:
         with self._session(read=True) as s:

@@ -17,16 +17,18 @@ from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request, Response, status
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from optico import __version__
 from optico.pool.contract import StoreError
 from optico.pool.store import SqlStore
-from optico.redact import redact
+from optico.redact import redact, scrub
 from optico.service import dashboard
 from optico.service.dashboard.session import LoginRequired, login_redirect
 from optico.service.routes import events, jobs, ops, schedules
@@ -102,9 +104,23 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's own handler echoes each bad value back; a non-finite number (1e400, NaN) or a
-        # huge nested one cannot or should not be: it becomes its repr, cut short.
+        # huge nested one cannot or should not be: it becomes its repr, cut short. A rejected value
+        # may be a credential sent in the wrong place: every text is redacted.
         errors = jsonable_encoder([{**e, "input": _echo(e["input"])} if "input" in e else e for e in exc.errors()])
-        return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+        return JSONResponse({"detail": scrub(errors)}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def redacted_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI answers a JSON body it could not decode (not UTF-8, nested past the interpreter's
+        # limit, an integer of thousands of digits) with a bare 400 "error parsing the body": said
+        # here as the 422 every other bad body gets, with the reason.
+        problem = _body_problem(exc.__cause__) if exc.status_code == status.HTTP_400_BAD_REQUEST else None
+        if problem is not None:
+            return JSONResponse({"detail": [{"loc": ["body"], "msg": problem, "type": "json_invalid"}]},
+                                status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+        # Details quote what was refused ("unknown GPU '...'", a schedule's cron): redacted like every text.
+        return await http_exception_handler(request, StarletteHTTPException(
+            exc.status_code, detail=scrub(exc.detail), headers=exc.headers))
 
     @app.middleware("http")
     async def refuse_nul(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature
@@ -188,12 +204,26 @@ class RedactedAccessLog(logging.Filter):
         return True
 
 
+def _body_problem(cause: BaseException | None) -> str | None:
+    """Why a JSON body could not be decoded, from the error FastAPI's 400 was raised from (None: not
+    a decoding error)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return "the body is not UTF-8 text"
+    if isinstance(cause, RecursionError):
+        return "the body is nested too deep"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return "the body holds an integer with too many digits"
+    if isinstance(cause, ValueError):
+        return "the body is not valid JSON"
+    return None
+
+
 def _echo(value: object) -> object:
     """A rejected value as the 422 may show it: JSON scalars as they are, anything else (a non-finite
     float, a container) as its repr, at most 200 characters."""
-    if value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value)):
-        return value if not isinstance(value, str) else value[:200]
-    return repr(value)[:200]
+    if value is None or isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    return redact(value if isinstance(value, str) else repr(value))[:200]  # redacted, then cut
 
 
 def _nul_parameter(request: Request) -> tuple[str, ...] | None:

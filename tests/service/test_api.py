@@ -10,6 +10,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import yaml
+from sqlalchemy import text
+
+from optico.pool.store import SqlStore
 from service_testkit import Service, client, spec, sse_events, wait_for
 
 
@@ -104,6 +107,8 @@ def test_a_cancel_during_a_short_trial_kills_it_releases_the_job_and_ends_the_st
                 assert data == {"status": "cancelled"}
                 break
     assert "job_done" in kinds and kinds[-2:] == ["lease", "end"]  # the worker let go last
+    # Every trial result is an event, a lost one too (the stream had only trial_started for it).
+    assert kinds.count("trial_started") == 1 and kinds.index("trial_lost") < kinds.index("job_done"), kinds
     assert http.get(f"/api/v1/jobs/{job['id']}").json()["lease"] is None
     trials = http.get(f"/api/v1/jobs/{job['id']}/trials").json()
     assert [t["status"] for t in trials] == ["lost"], trials
@@ -278,6 +283,49 @@ def test_bad_bodies_get_422_naming_the_field(served: tuple[Service, dict[str, st
     # A secret's value (a token may hold '/') is not a path: it is taken from the worker's environment.
     secret = submit(http, {**spec("secret-env", max_trials=1), "launcher": {"kind": "sim", "env": {"HF_TOKEN": "ab/cd"}}})
     assert secret.status_code == 201, secret.text
+
+
+def test_a_credential_sent_anywhere_is_neither_echoed_nor_kept_and_a_spec_secret_stays_its_own(
+        served: tuple[Service, dict[str, str]]):
+    """A key in the wrong field, query or header comes back masked, an Idempotency-Key is kept only as
+    a hash, and a secret written into one spec's `launcher.env` masks nothing in another job."""
+    service, tokens = served
+    http = client(service, tokens["write"])
+    key = "sk-" + "q7Zx" * 6
+    body = spec("leaky")
+    body["workload"]["cluster"]["gpu"] = key
+    for response in (submit(http, body), http.get("/api/v1/jobs", params={"status": key}),
+                     http.get(f"/api/v1/jobs/{key}"), http.patch("/api/v1/jobs/1", json={"max_trials": key})):
+        assert response.status_code == 422 and key not in response.text and "***" in response.text, response.text
+    made = submit(http, spec("idem", max_trials=1), **{"Idempotency-Key": f"idem-{key}"})
+    assert made.status_code == 201, made.text
+    clash = submit(http, spec("idem-other", max_trials=1), **{"Idempotency-Key": f"idem-{key}"})
+    assert clash.status_code == 409 and key not in clash.text and f"job {made.json()['id']}" in clash.text
+    again = submit(http, spec("idem", max_trials=1), **{"Idempotency-Key": f"idem-{key}"})
+    assert again.status_code == 200 and again.json()["id"] == made.json()["id"]
+    with SqlStore(service.db_url) as store, store.engine.connect() as db:
+        kept = db.execute(text("SELECT idempotency_key FROM optico_jobs WHERE id = :i"), {"i": made.json()["id"]}).scalar()
+    assert kept.startswith("sha256:") and key not in kept
+    # One writer's short "secret" must not become a mask over everyone's names.
+    assert submit(http, {**spec("env", max_trials=1), "launcher": {"kind": "sim", "env": {"MY_TOKEN": "nightly"}}}
+                  ).status_code == 201
+    named = submit(http, spec("llama-nightly-2026-11-24", max_trials=1))
+    assert named.status_code == 201 and named.json()["name"] == "llama-nightly-2026-11-24"
+    assert http.get(f"/api/v1/jobs/{named.json()['id']}").json()["name"] == "llama-nightly-2026-11-24"
+    assert [j["id"] for j in http.get("/api/v1/jobs", params={"name": "nightly"}).json()["items"]] == [named.json()["id"]]
+
+
+def test_undecodable_json_bodies_get_422_with_the_reason_on_every_endpoint(served: tuple[Service, dict[str, str]]):
+    service, tokens = served
+    http = client(service, tokens["write"])
+    bodies = [(b'{"max_trials": "\xff"}', "not UTF-8"), (b"[" * 100_000 + b"]" * 100_000, "nested too deep"),
+              (b'{"max_trials": ' + b"9" * 5000 + b"}", "too many digits")]
+    for method, path in (("PATCH", "/api/v1/jobs/1"), ("POST", "/api/v1/schedules")):
+        for content, reason in bodies:
+            response = http.request(method, path, content=content, headers={"Content-Type": "application/json"})
+            assert response.status_code == 422, (path, response.status_code, response.text)
+            [detail] = response.json()["detail"]
+            assert detail["loc"] == ["body"] and reason in detail["msg"] and detail["type"] == "json_invalid", detail
 
 
 def test_large_bodies_get_413(make_service, tokens: dict[str, str]):

@@ -34,7 +34,7 @@ from optico.report import job_report
 from optico.service.dashboard import charts
 from optico.service.dashboard.session import Viewer, end_session, read_form, safe_next, start_session
 from optico.service.deps import DIGITS, SQL_INT_MAX, JobDep, JobIdPath, SettingsDep, StoreDep, TrialIndexPath
-from optico.service.routes.events import job_event_stream, resume_point
+from optico.service.routes.events import EventStreamSlot, job_event_stream, resume_point
 from optico.textsafe import terminal_text
 from optico.trial import Trial, TrialStatus
 
@@ -339,7 +339,7 @@ def new_rows(job_id: JobIdPath, store: StoreDep, who: Viewer,
 
 @router.get("/ui/jobs/{job_id}/events", response_class=EventSourceResponse)
 async def live_events(request: Request, who: Viewer, job: JobDep, store: StoreDep, settings: SettingsDep,
-                      after: Annotated[int, DIGITS, Query(ge=0, le=SQL_INT_MAX)] = 0):
+                      _slot: EventStreamSlot, after: Annotated[int, DIGITS, Query(ge=0, le=SQL_INT_MAX)] = 0):
     # The job is looked up by a dependency, before the stream starts: an unknown one is a 404, not a
     # stream that breaks after its headers were sent (which a browser retries every few seconds).
     last = request.headers.get("last-event-id")

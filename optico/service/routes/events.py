@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
@@ -35,8 +35,28 @@ def resume_point(after: int | None, last_event_id: str | None) -> int:
     return after or 0
 
 
-@router.get("/{job_id}/events", response_class=EventSourceResponse)
+async def event_stream_slot(request: Request, settings: SettingsDep) -> AsyncIterator[None]:
+    """One of the server's `max_event_streams` open streams, held until the response ends; 503 when
+    every one is taken (each stream polls the pool: a thousand of them starved every other request)."""
+    state = request.app.state
+    if getattr(state, "open_event_streams", 0) >= settings.max_event_streams:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "5"},
+                            detail=f"{settings.max_event_streams} event streams are open, the most this server "
+                                   f"serves; retry later")
+    state.open_event_streams = getattr(state, "open_event_streams", 0) + 1
+    try:
+        yield
+    finally:
+        state.open_event_streams -= 1
+
+
+EventStreamSlot = Annotated[None, Depends(event_stream_slot)]
+
+
+@router.get("/{job_id}/events", response_class=EventSourceResponse,
+            responses={503: {"description": "Every event stream this server serves is open; retry later."}})
 async def stream_events(request: Request, _: ReadToken, job: JobDep, store: StoreDep, settings: SettingsDep,
+                        __: EventStreamSlot,
                         after: Annotated[int | None, DIGITS, Query(ge=0, le=SQL_INT_MAX,
                                                            description="Send events after this seq.")] = None,
                         last_event_id: Annotated[str | None, Header(max_length=32)] = None,

@@ -1,0 +1,90 @@
+"""Clients that hold connections open: a slow request head is cut off, event streams are capped.
+
+Against a real `optico serve` process over real sockets."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+from service_testkit import client, spec, wait_for
+
+
+def _partial_head(port: int) -> socket.socket:
+    """A connection that sends the start of a request head and never finishes it."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    return sock
+
+
+def _response(sock: socket.socket) -> bytes:
+    """One whole response (head and Content-Length body), however the server's writes were split."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(4096)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    while len(body) < length:
+        body += sock.recv(4096)
+    return head + b"\r\n\r\n" + body
+
+
+def _closed_by_server(sock: socket.socket, within_s: float) -> bool:
+    sock.settimeout(within_s)
+    try:
+        return sock.recv(1024) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_a_request_head_sent_too_slowly_is_cut_off_while_others_are_answered(make_service, tokens: dict[str, str]):
+    service = make_service(OPTICO_HEAD_TIMEOUT_S="1").start()
+    slow = [_partial_head(service.port) for _ in range(50)]
+    # Meanwhile an ordinary request is answered at once.
+    assert httpx.get(f"{service.url}/healthz", timeout=5).status_code == 200
+    started = time.monotonic()
+    assert all(_closed_by_server(sock, within_s=10) for sock in slow)
+    assert time.monotonic() - started < 8
+    # A kept-alive connection gets the same deadline for its next request's head.
+    with socket.create_connection(("127.0.0.1", service.port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _response(sock).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")
+        assert _closed_by_server(sock, within_s=10)
+    for sock in slow:
+        sock.close()
+    # The default leaves an ordinary client all the time it needs.
+    patient = make_service().start()
+    with _partial_head(patient.port) as sock:
+        assert not _closed_by_server(sock, within_s=2)
+        sock.sendall(b"\r\n")
+        assert _response(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_event_streams_beyond_the_cap_get_503_and_a_freed_slot_serves_the_next(make_service, tokens: dict[str, str]):
+    service = make_service(OPTICO_MAX_EVENT_STREAMS="2").start()
+    http = client(service, tokens["write"])
+    job = http.post("/api/v1/jobs", json=spec("long", max_trials=3, trial_seconds=20)).json()
+    path = f"/api/v1/jobs/{job['id']}/events"
+    first = http.stream("GET", path, timeout=60)
+    second = http.stream("GET", path, timeout=60)
+    streams = [first.__enter__(), second.__enter__()]
+    try:
+        assert [s.status_code for s in streams] == [200, 200]
+        refused = http.get(path)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "5", refused.text
+        assert "2 event streams are open" in refused.json()["detail"]
+        # Reading the job is not a stream: still answered.
+        assert http.get(f"/api/v1/jobs/{job['id']}").status_code == 200
+    finally:
+        first.__exit__(None, None, None)
+    # The closed stream's slot comes back once the server sees the disconnect (its next poll).
+    def third_stream_opens() -> bool:
+        with http.stream("GET", path, timeout=60) as third:
+            return third.status_code == 200
+    wait_for(third_stream_opens, timeout=30, what="a slot freed by the closed stream")
+    second.__exit__(None, None, None)
+    http.post(f"/api/v1/jobs/{job['id']}/cancel")
