@@ -112,6 +112,11 @@ def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") 
     except (ValueError, csv.Error, OSError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SpecError(field, reason.replace(str(path), path.name)) from None
+    # The tolerant reading skips a wrong row (published tables have them); a spec's own file must not:
+    # a cell that is no count or no result, or a row shifted by an unquoted comma, is a broken file.
+    broken = next((r for r in rows if r.malformed), None)
+    if broken is not None:
+        raise SpecError(field, f"{broken.where}: {broken.malformed[0]}")
     # A row of this workload whose numbers no GPU produces is a mistake in the table, not a row to skip.
     impossible = next((r for r in rows if (r.skip_reason or "").startswith(IMPOSSIBLE) and r.workload is not None
                        and matches(r, workload)), None)

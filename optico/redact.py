@@ -140,6 +140,12 @@ def redact(text: str) -> str:
     return current().text(text)
 
 
+def credential_shaped(text: str) -> bool:
+    """Whether redaction would change `text`: an identifier that does is refused rather than kept
+    (a schedule's name is how it is looked up, so it cannot be stored masked)."""
+    return redact(text) != text
+
+
 def scrub(value: Any) -> Any:
     """A JSON-like value with every string redacted."""
     return current().scrub(value)

@@ -212,6 +212,9 @@ class ReplayRow(BaseModel):
                                                                             "their plausible values.")
     inferred: list[str] = Field(default_factory=list, description="What was derived, not read: from the notes, "
                                                                   "a preset, the layout.")
+    malformed: list[str] = Field(default_factory=list, description="Cells that are wrong, not vague: a count that "
+                                 "is no count ('-16', 5,000 digits), a result that is none, more fields than the "
+                                 "header. The tolerant reading skips the row; a spec's own replay file is refused.")
 
     @property
     def read(self) -> bool:
@@ -390,6 +393,7 @@ class _Parse:
     units: dict[str, str]
     defaults: ReplayDefaults
     problems: list[str] = field(default_factory=list)  # why the row cannot be used
+    malformed: list[str] = field(default_factory=list)  # the problems that are a wrong cell (see ReplayRow)
     unknown: dict[str, list[Any]] = field(default_factory=dict)
     inferred: list[str] = field(default_factory=list)
 
@@ -408,6 +412,7 @@ class _Parse:
             value = parse_int(self.cells.get(name))
         except WrongNumber as err:
             self.problems.append(f"{name} {err}")
+            self.malformed.append(f"{name} {err}")
             return None
         except CellError as err:
             self.inferred.append(f"{name} {err} (read as unknown)")
@@ -642,6 +647,7 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
         result = parse_result(cells.get("result"))
     except CellError as err:
         p.problems.append(f"result {err}")
+        p.malformed.append(f"result {err}")
         result = "error"
     if result is UNKNOWN:
         if any(measured[k] is not None for k in ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu")):
@@ -690,7 +696,8 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
         p.problems += _layout_problems(workload, strategy, ints["dp"], p)
     row = ReplayRow(file=file, line=line, model_name=name, source=source, notes=notes, workload=workload,
                     strategy=strategy, result=result, counts_recompute=counts_recompute_flops(source, notes),
-                    skip_reason="; ".join(p.problems) or None, unknown=p.unknown, inferred=p.inferred, **measured)
+                    skip_reason="; ".join(p.problems) or None, unknown=p.unknown, inferred=p.inferred,
+                    malformed=p.malformed, **measured)
     problem = impossible_measurement(row) if row.usable else None
     return row.model_copy(update={"skip_reason": f"{IMPOSSIBLE}: {problem}"}) if problem else row
 
@@ -900,7 +907,12 @@ def _read_rows(path: Path, defaults: ReplayDefaults, strict: bool) -> tuple[list
             if any(cell.strip() for cell in record[len(header):]):  # empty ones: a trailing comma, harmless
                 shifted = (f"{len(record)} fields against the header's {len(header)} (an unquoted comma in a "
                            f"cell shifts every cell after it)")
-                row = row.model_copy(update={"skip_reason": "; ".join(filter(None, [shifted, row.skip_reason]))})
+                row = row.model_copy(update={"skip_reason": "; ".join(filter(None, [shifted, row.skip_reason])),
+                                             "malformed": [shifted, *row.malformed]})
+            elif len(record) < len(header):  # read with its missing cells unknown, but not a whole record
+                row = row.model_copy(update={"malformed": [
+                    f"{len(record)} fields against the header's {len(header)} (a row cut short, or a quote "
+                    f"left open)", *row.malformed]})
             if strict and not row.read:
                 raise ReplayError(f"{row.where}: {row.skip_reason}")
             rows.append(row)

@@ -233,6 +233,7 @@ async def run_claimed_job(store: Store, database_url: str, job_id: int, *, worke
         except (LifecycleError, StoreError):
             pass  # the database is still down: the lease expires and the next holder takes the job over
     finally:
+        ctx.model.abandon()  # an agent's thread still predicting for this run stops (Ctrl-C, cancel, lease lost)
         heartbeat.stop()
         if watcher is not None:
             watcher.cancel()

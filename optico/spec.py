@@ -237,7 +237,15 @@ def _check_limits(obj: BaseModel, where: str) -> None:
         for part in dotted[len(where) + 1:].split("."):
             value = getattr(value, part, None)
         if value is not None and not low <= value <= high:
-            raise SpecError(dotted, f"{value:g} is outside the allowed range {low:g} to {high:,g}")
+            raise SpecError(dotted, f"{_figure(value)} is outside the allowed range {_figure(low)} to {_figure(high)}")
+
+
+def _figure(x: float) -> str:
+    """A bound or a value as written: whole numbers in full ('4,294,967,296', not '4.29497e+09', which
+    made a seed one past the bound read as equal to it), others to 6 significant digits."""
+    if float(x).is_integer() and abs(x) < 1e18:
+        return f"{int(x):,}"
+    return f"{x:g}"
 
 
 # -- loading ------------------------------------------------------------------------

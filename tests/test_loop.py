@@ -144,6 +144,49 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, cli_env: dict):
     assert [t["metrics"] for t in reference["trials"]] == [t["metrics"] for t in result["trials"]]
 
 
+# A space of ~95,000 configurations of a model with up to 1,024 pipeline stages: predicting it takes
+# the seeding agent's thread many minutes, which SIGTERM could not stop (the process waited for it).
+HUGE = """
+name: huge
+workload:
+  model: {name: huge, num_layers: 1024, hidden_size: 262144, num_attention_heads: 4096, num_query_groups: 4096,
+          ffn_hidden_size: 1048576, vocab_size: 16777216, num_experts: 4096, moe_router_topk: 256,
+          moe_ffn_hidden_size: 1048576}
+  seq_length: 16777216
+  global_batch_size: 1048576
+  precision: fp8
+  cluster: {gpu: gb300, gpus_per_node: 1024, nodes: 1024}
+search_space:
+  tunables: {tp: [1,2,4,8,16,32,64,128,256,512,1024], pp: [1,2,4,8,16,32,64,128,256,512,1024],
+             cp: [1,2,4,8,16,32,64,128,256,512,1024], ep: [1,2,4,8,16,32,64,128,256,512,1024],
+             mbs: [1,2,4,8,16,32,64,128,256]}
+budget: {max_trials: 3}
+launcher: {kind: sim}
+"""
+
+
+def test_sigterm_while_an_agent_still_predicts_a_huge_space_ends_tune_at_once(tmp_path: Path, cli_env: dict):
+    spec = tmp_path / "huge.yaml"
+    spec.write_text(HUGE)
+    proc = subprocess.Popen(optico_cmd("tune", str(spec)), env=cli_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while "run logs:" not in (line := proc.stdout.readline()):
+        assert line or proc.poll() is None, "tune ended before the run began"
+        assert time.time() < deadline, "the run never began"
+    try:
+        time.sleep(8)  # the candidate pool is built (~3 s); the seeding agent is predicting it
+        assert proc.poll() is None, "the prediction should still be going"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+        assert time.monotonic() - sent < 20, "the agent's thread kept the process alive"
+    finally:
+        proc.kill()  # a no-op once it has ended; else it would predict for minutes after a failure
+    with SqlStore(cli_env["OPTICO_DATABASE_URL"]) as store:
+        assert store.get_job(1).status is JobStatus.INTERRUPTED
+
+
 def test_cli_tune_json_and_jobs_commands(tmp_path: Path, cli_env: dict):
     out = tmp_path / "result.json"
     proc = subprocess.run(optico_cmd("tune", str(EXAMPLES / "llama3-8b-a100.yaml"), "--max-trials", "5",

@@ -60,6 +60,9 @@ CASES = [
     (GOOD + "colour: blue\n", "colour", "unknown field"),
     (GOOD.replace("workload:", "workload:\n  tokenizer: gpt2"), "workload.tokenizer", "unknown field"),
     (GOOD + "reasoner: {analysis: magic}\n", "reasoner.analysis", "rules"),
+    # One past the bound, said in full (it read '4.29497e+09 is outside ... to 4.29497e+09').
+    (GOOD + "launcher: {kind: sim, seed: 4294967296}\n", "launcher.seed",
+     "4,294,967,296 is outside the allowed range 0 to 4,294,967,295"),
     (GOOD + "calibration: nowhere.json\n", "calibration", "no such file"),
     (GOOD.replace("seq_length: 8192", "seq_length: 8192\n  extra_layers: 3"), "workload.extra_layers",
      "unknown field"),
@@ -114,3 +117,14 @@ def test_a_refused_value_is_named_where_it_is_written_first():
     with pytest.raises(SpecError) as first:
         parse_spec_text("seed: .nan\nname: .inf\n", origin_name="s.yaml")
     assert first.value.field == "seed"
+
+
+def test_a_credential_in_a_spec_name_is_printed_masked_as_it_is_stored(tmp_path: Path, cli_env: dict):
+    """The pool keeps a name redacted; the lines `tune` and `jobs submit` print about it did not."""
+    key = "ghp_" + "a1B2" * 9
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(GOOD.replace("name: t", f"name: run {key}") + "budget: {max_trials: 1}\nlauncher: {kind: sim}\n")
+    for argv in (("jobs", "submit", str(spec)), ("tune", str(spec))):
+        proc = subprocess.run(optico_cmd(*argv), env=cli_env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert key not in proc.stdout + proc.stderr and "run ***" in proc.stdout, proc.stdout

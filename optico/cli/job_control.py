@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
+from rich.text import Text
 
 from optico.cli.common import DatabaseOption, check_id, console, fail, open_store
 from optico.cli.jobs import jobs_app
 from optico.errors import SpecError
+from optico.redact import redact
 
 if TYPE_CHECKING:
     from optico.pool.contract import Store
@@ -49,7 +51,7 @@ def jobs_submit(spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help=
     store, _ = open_store(database)
     with store:
         job_id = store.create_job(spec)
-    console.print(f"job {job_id} queued: {spec.name}", highlight=False)
+    console.print(Text(redact(f"job {job_id} queued: {spec.name}")))  # as stored: redacted, never markup
 
 
 @jobs_app.command("stop")

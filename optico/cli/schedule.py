@@ -14,6 +14,7 @@ from rich import box
 from rich.table import Table
 
 from optico.cli.common import DatabaseOption, check_output_path, console, err, fail, open_store, output_file
+from optico.redact import credential_shaped
 
 schedule_app = typer.Typer(no_args_is_help=True, help="Nightly retuning schedules: re-check a tuned workload "
                                                       "after framework upgrades.")
@@ -58,6 +59,8 @@ def schedule_add(
 
     if not NAME.match(name):
         fail(f"name: {name!r} must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    if credential_shaped(name):
+        fail("name: looks like a credential; a schedule's name is shown in every listing")
     if max_trials is not None and not 1 <= max_trials <= MAX_TRIALS:
         fail(f"--max-trials: must be 1 to {MAX_TRIALS:,}, got {max_trials:,}")
     try:

@@ -31,6 +31,7 @@ from optico.spec import (
     check_launcher,
     load_spec,
 )
+from optico.redact import redact
 from optico.textsafe import markup, rich_text, terminal_text
 
 LAUNCHERS = ("sim", "replay", "local", "ray")
@@ -244,8 +245,9 @@ def tune(
         else:
             job_id = store.create_job(spec, origin="cli")
             max_t = spec.budget.max_trials
-            console.print(Text(f"job {job_id}: {spec.name} — {spec.workload.describe()}, "
-                               f"launcher {spec.launcher.kind}"))  # a spec's name is printable (checked)
+            # A spec's name is printable (checked), and redacted like every text we print.
+            console.print(Text(redact(f"job {job_id}: {spec.name} — {spec.workload.describe()}, "
+                                      f"launcher {spec.launcher.kind}")))
             _where_files_go(spec, url, job_id)
             real_runs = spec.launcher.kind in ("local", "ray")
         view = TrialView(max_t, live=console.is_terminal)

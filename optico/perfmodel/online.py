@@ -18,6 +18,7 @@ correction, the guard's memory prediction, and the residual GPs' prior scaled to
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -112,6 +113,11 @@ def distance(a: Strategy, b: Strategy) -> float:
     return float(sum(w for w, x, y in zip(_WEIGHTS, _values(a), _values(b)) if x != y))
 
 
+class JobAbandoned(RuntimeError):
+    """The job's run has ended (interrupted, cancelled, its lease lost) while a computation for it was
+    still going: the computation stops rather than keep its thread, and so the process, alive."""
+
+
 class JobModel:
     """Predictions for one workload, cached per signature and corrected by observations."""
 
@@ -136,6 +142,7 @@ class JobModel:
         self._pool: list[Strategy] = []
         self._pool_matrix = np.empty((0, len(FIELDS)))
         self._pool_base: tuple[np.ndarray, ...] | None = None  # the pool's model MFU, memory, memory features
+        self._abandoned = threading.Event()
 
     # -- set-up ---------------------------------------------------------------------------
     def prime(self, pool: list[Strategy]) -> None:
@@ -165,9 +172,17 @@ class JobModel:
                 for m in (self.base(s).memory for s in strategies)]
         return np.array(rows, dtype=float).reshape(len(strategies), 3)
 
+    def abandon(self) -> None:
+        """The job's run has ended: every later prediction not already made raises JobAbandoned. A
+        large space takes minutes to predict in an agent's thread, which Ctrl-C cannot stop and the
+        process waits for on its way out (a 95,000-configuration space held `tune` for 10 minutes)."""
+        self._abandoned.set()
+
     def base(self, s: Strategy) -> Prediction:
         sig = s.signature()
         if sig not in self._cache:
+            if self._abandoned.is_set():
+                raise JobAbandoned("the job's run has ended")
             self._cache[sig] = predict(self.workload, s, self.constants)
         return self._cache[sig]
 

@@ -287,6 +287,13 @@ FILE_CASES = [
     Case("replay CSV with a negative TFLOP/s", REPLAY, "launcher.data",
          {"runs.csv": csv_with({"tflops_per_gpu": "-5", "mfu": ""})}),
     Case("replay CSV with only a header", REPLAY, "launcher.data", {"runs.csv": PAPER_CSV.split("\n")[0].encode()}),
+    # A wrong row among good ones: the tolerant reading would skip it; a spec's own file is broken.
+    Case("replay CSV with a negative batch", REPLAY, "launcher.data", {"runs.csv": csv_with({"gbs": "-16"})}),
+    Case("replay CSV with a result that is none", REPLAY, "launcher.data", {"runs.csv": csv_with({"result": "garbage"})}),
+    Case("replay CSV with a row cut short", REPLAY, "launcher.data",
+         {"runs.csv": PAPER_CSV.encode() + b'Llama3-8B,32,4096,oops,"unterminated\n'}),
+    Case("replay CSV with a row shifted by a comma", REPLAY, "launcher.data",
+         {"runs.csv": (PAPER_CSV.rstrip("\n") + "\n" + PAPER_CSV.splitlines()[1] + ",one,two\n").encode()}),
     Case("replay CSV with a 200 KB cell", REPLAY, "launcher.data",
          {"runs.csv": csv_with({"notes": "n" * 200_000})}),
     Case("replay CSV with an unclosed quote", REPLAY, "launcher.data",

@@ -45,6 +45,7 @@ BAD = [
     ({"cron": "0 2 * *"}, ["body", "cron"]),
     ({"name": "no spaces"}, ["body", "name"]),
     ({"name": ""}, ["body", "name"]),
+    ({"name": "ghp_" + "a1B2" * 9}, ["body", "name"]),  # a credential: it would be kept and listed in clear
     ({"max_trials": 0}, ["body", "max_trials"]),
     ({"always_retune": "sometimes"}, ["body", "always_retune"]),
     ({"always_retune": "yes"}, ["body", "always_retune"]),

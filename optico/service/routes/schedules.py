@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from optico.pool.records import Incumbent, ScheduleRecord, StoredScheduleEvent, TickRecord
 from optico.retune.cron import DEFAULT_CRON, check_cron, next_fire
+from optico.redact import credential_shaped
 from optico.retune.webhook import check_webhook_url, where
 from optico.service.bodies import spec_from_body
 from optico.service.deps import DIGITS, SQL_INT_MAX, ReadToken, SettingsDep, StoreDep, WriteToken
@@ -43,6 +44,13 @@ class ScheduleCreate(BaseModel):
     always_retune: bool = Field(False, description="Retune after every framework change, even when the "
                                                    "incumbent moved within the noise band.")
     webhook_url: str | None = Field(None, description="POSTed a JSON object on a regression (http or https).")
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_credential(cls, value: str) -> str:
+        if credential_shaped(value):
+            raise ValueError("looks like a credential; a schedule's name is shown in every listing")
+        return value
 
     @field_validator("cron")
     @classmethod
