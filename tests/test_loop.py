@@ -187,6 +187,21 @@ def test_sigterm_while_an_agent_still_predicts_a_huge_space_ends_tune_at_once(tm
         assert store.get_job(1).status is JobStatus.INTERRUPTED
 
 
+def test_a_space_too_large_to_model_in_time_fails_its_job_saying_so(tmp_path: Path, db_url: str,
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    """Left alone, the huge space above would be predicted for ~20 minutes before its first trial."""
+    from optico.perfmodel import online
+
+    monkeypatch.setattr(online, "POOL_PREDICT_SECONDS", 0.5)
+    spec = tmp_path / "huge.yaml"
+    spec.write_text(HUGE)
+    started = time.monotonic()
+    result, _ = run_spec(load_spec(spec), db_url)
+    assert time.monotonic() - started < 60
+    assert result["status"] == "failed" and result["trials"] == []
+    assert "search_space: modelling" in result["stop_reason"] and "took over 0.5 s" in result["stop_reason"]
+
+
 def test_cli_tune_json_and_jobs_commands(tmp_path: Path, cli_env: dict):
     out = tmp_path / "result.json"
     proc = subprocess.run(optico_cmd("tune", str(EXAMPLES / "llama3-8b-a100.yaml"), "--max-trials", "5",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -113,6 +114,15 @@ def distance(a: Strategy, b: Strategy) -> float:
     return float(sum(w for w, x, y in zip(_WEIGHTS, _values(a), _values(b)) if x != y))
 
 
+# Predicting a job's whole pool may take at most this long. A legitimate space takes seconds to a
+# minute; a 95,000-configuration space of a 1,024-stage model took ~20 minutes before its first trial.
+POOL_PREDICT_SECONDS = 300.0
+
+
+class SpaceTooLarge(ValueError):
+    """The search space has more configurations than can be modelled in POOL_PREDICT_SECONDS."""
+
+
 class JobAbandoned(RuntimeError):
     """The job's run has ended (interrupted, cancelled, its lease lost) while a computation for it was
     still going: the computation stops rather than keep its thread, and so the process, alive."""
@@ -177,6 +187,17 @@ class JobModel:
         large space takes minutes to predict in an agent's thread, which Ctrl-C cannot stop and the
         process waits for on its way out (a 95,000-configuration space held `tune` for 10 minutes)."""
         self._abandoned.set()
+
+    def _pool_predictions(self) -> list[Prediction]:
+        """The model's prediction for every configuration of the pool, within POOL_PREDICT_SECONDS."""
+        started, out = time.monotonic(), []
+        for n, s in enumerate(self._pool):
+            if n % 256 == 0 and time.monotonic() - started > POOL_PREDICT_SECONDS:
+                raise SpaceTooLarge(
+                    f"search_space: modelling {n:,} of its {len(self._pool):,} configurations took over "
+                    f"{POOL_PREDICT_SECONDS:g} s; tune fewer knobs or list fewer values")
+            out.append(self.base(s))
+        return out
 
     def base(self, s: Strategy) -> Prediction:
         sig = s.signature()
@@ -276,7 +297,7 @@ class JobModel:
         if i is not None:
             if self._pool_now is None:  # not answered since the last fit
                 if self._pool_base is None:  # the model's own predictions: the same for the whole job
-                    bases = [self.base(p) for p in self._pool]
+                    bases = self._pool_predictions()
                     self._pool_base = (np.array([b.mfu for b in bases]), np.array([b.mem_gib for b in bases]),
                                        self._memory_features(self._pool))
                 self._pool_now = np.column_stack(self._beliefs(self._pool_matrix[:, self._columns], *self._pool_base))
