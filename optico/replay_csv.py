@@ -400,6 +400,11 @@ class _Parse:
     def text(self, name: str) -> str:
         return self.cells.get(name, "").strip()
 
+    def wrong(self, problem: str) -> None:
+        """A problem that is a wrong cell, not a vague one: the row is skipped, and it is malformed."""
+        self.problems.append(problem)
+        self.malformed.append(problem)
+
     def _paired(self, name: str) -> None:
         """'31737 (30341)', '1 (2)': two figures in one cell; the first is read, and the row says so."""
         cell = self.cells.get(name) or ""
@@ -411,8 +416,7 @@ class _Parse:
         try:
             value = parse_int(self.cells.get(name))
         except WrongNumber as err:
-            self.problems.append(f"{name} {err}")
-            self.malformed.append(f"{name} {err}")
+            self.wrong(f"{name} {err}")
             return None
         except CellError as err:
             self.inferred.append(f"{name} {err} (read as unknown)")
@@ -646,8 +650,7 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
     try:
         result = parse_result(cells.get("result"))
     except CellError as err:
-        p.problems.append(f"result {err}")
-        p.malformed.append(f"result {err}")
+        p.wrong(f"result {err}")
         result = "error"
     if result is UNKNOWN:
         if any(measured[k] is not None for k in ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu")):

@@ -19,6 +19,7 @@ from rich.text import Text
 from optico.cli.common import (DatabaseOption, check_id, check_output_path, console, err, fail, open_store,
                                output_file, shown_url)
 from optico.cli.views import summary, trial_block
+from optico.redact import redact
 from optico.spec import (
     ABLATIONS,
     MAX_SEED,
@@ -31,7 +32,6 @@ from optico.spec import (
     check_launcher,
     load_spec,
 )
-from optico.redact import redact
 from optico.textsafe import markup, rich_text, terminal_text
 
 LAUNCHERS = ("sim", "replay", "local", "ray")

@@ -90,6 +90,7 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
     app = OptiCoAPI(title="OptiCo", version=__version__, description=DESCRIPTION, lifespan=lifespan,
                   max_body_size=settings.max_body_bytes)
     app.state.settings = settings
+    app.state.open_event_streams = 0  # counted by routes.events.event_stream_slot
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(ops.router)

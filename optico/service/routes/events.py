@@ -39,11 +39,11 @@ async def event_stream_slot(request: Request, settings: SettingsDep) -> AsyncIte
     """One of the server's `max_event_streams` open streams, held until the response ends; 503 when
     every one is taken (each stream polls the pool: a thousand of them starved every other request)."""
     state = request.app.state
-    if getattr(state, "open_event_streams", 0) >= settings.max_event_streams:
+    if state.open_event_streams >= settings.max_event_streams:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "5"},
                             detail=f"{settings.max_event_streams} event streams are open, the most this server "
                                    f"serves; retry later")
-    state.open_event_streams = getattr(state, "open_event_streams", 0) + 1
+    state.open_event_streams += 1
     try:
         yield
     finally:

@@ -15,8 +15,8 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from optico.pool.records import Incumbent, ScheduleRecord, StoredScheduleEvent, TickRecord
-from optico.retune.cron import DEFAULT_CRON, check_cron, next_fire
 from optico.redact import credential_shaped
+from optico.retune.cron import DEFAULT_CRON, check_cron, next_fire
 from optico.retune.webhook import check_webhook_url, where
 from optico.service.bodies import spec_from_body
 from optico.service.deps import DIGITS, SQL_INT_MAX, ReadToken, SettingsDep, StoreDep, WriteToken
