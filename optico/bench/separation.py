@@ -46,8 +46,8 @@ def shipped_fit_files() -> list[Path]:
 
 DEV_LANDSCAPE_SEEDS: tuple[int, ...] = (0, 1, 2)
 # Drawn once the constants below were frozen; a new salt means new test landscapes.
-TEST_SALT = "i13-test-2026-11-27-j"  # drawn after a zero gain began to lose every tie (tenth freeze)
-FROZEN_DIGEST = "9ea8c92e2869c296"  # the constants' digest when TEST_SALT was drawn (frozen_digest())
+TEST_SALT = "i13-test-2026-11-27-k"  # drawn after the ranking began to widen the posterior where it picks (eleventh freeze)
+FROZEN_DIGEST = "b6c5ac88ee4afccd"  # the constants' digest when TEST_SALT was drawn (frozen_digest())
 
 
 class LandscapeOverlap(ValueError):
@@ -163,6 +163,8 @@ def frozen_digest() -> str:
     frozen["calibration"] = load_constants(DEFAULT_CALIBRATION).model_dump()
     # A zero expected gain never wins the ranking's tie against a positive one (tenth freeze).
     frozen["zero_gain_loses_ties"] = True
+    # The ranking reads the posterior widened where it picks (eleventh freeze).
+    frozen["pick_sd_widening"] = acquisition.PICK_SD_WIDENING
     return hashlib.sha256(json.dumps(frozen, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -214,15 +214,20 @@ def test_ranking_does_not_depend_on_the_workloads_mfu_scale():
         assert acquisition.rank(_Scaled(level, scale), entries, answer_health=False)[0][3] == small
 
 
-class _Fits(_Scaled):
-    """`_Scaled` with a chance of fitting per candidate."""
+class _PerCandidate(_Scaled):
+    """`_Scaled` with a chance of fitting and a posterior standard deviation per candidate."""
 
-    def __init__(self, mfus: dict, fits: dict):
+    def __init__(self, mfus: dict, fits: dict | None = None, sds: dict | None = None):
         super().__init__(mfus, 1.0)
-        self.fits = fits
+        self.fits, self.sds = fits or {}, sds or {}
 
     def belief(self, s):
-        return super().belief(s)._replace(fit=self.fits[s])
+        b = super().belief(s)
+        return b._replace(fit=self.fits.get(s, b.fit), log_mfu_sd=self.sds.get(s, b.log_mfu_sd))
+
+    def expected_mfu(self, s):
+        b = self.belief(s)
+        return math.exp(b.log_mfu) * b.fit
 
 
 def test_a_long_shot_never_wins_a_tie_against_a_candidate_worth_something():
@@ -231,7 +236,7 @@ def test_a_long_shot_never_wins_a_tie_against_a_candidate_worth_something():
     long_shot, modest = "one standard change, unlikely to fit", "three changes, a small gain"
     mfus = {long_shot: 0.56, modest: 0.4}  # the long shot would be far better, if it fitted
     fits = {long_shot: acquisition.MIN_FIT_CHANCE - 0.2, modest: 1.0}
-    model = _Fits(mfus, fits)
+    model = _PerCandidate(mfus, fits=fits)
     assert acquisition.expected_gain(model, long_shot) == 0.0
     assert 0 < acquisition.expected_gain(model, modest) < acquisition.TIE * model.incumbent_mfu()  # within the tie
     entries = [(long_shot, 1, True), (modest, 3, False)]
@@ -241,6 +246,24 @@ def test_a_long_shot_never_wins_a_tie_against_a_candidate_worth_something():
     fits[long_shot] = 1.0
     mfus[long_shot] = 0.4
     assert acquisition.rank(model, entries, answer_health=False)[0][3] == long_shot
+
+
+def test_the_ranking_widens_the_posterior_and_the_stop_does_not():
+    """Where the gain picks, the posterior is too narrow (eleventh freeze): the ranking reads it widened
+    by PICK_SD_WIDENING, so a candidate the trials have not pinned down goes before a sure small gain;
+    the expected gain the stop reads is the posterior's own."""
+    sure, unsure = "at the incumbent, pinned down", "a little below it, unsure"
+    model = _PerCandidate({sure: 0.5, unsure: 0.47}, sds={sure: 0.005, unsure: 0.045})
+    assert acquisition.PICK_SD_WIDENING > 1
+    # on the posterior as fitted the sure candidate is worth more ...
+    assert acquisition.expected_gain(model, sure) > acquisition.expected_gain(model, unsure)
+    assert acquisition.expected_gain(model, unsure) == pytest.approx(
+        acquisition.expected_improvement(math.log(0.47), 0.045, 0.5))
+    # ... widened, the unsure one is, and that is the order of the ranking
+    entries = [(sure, 1, True), (unsure, 1, True)]
+    assert [r[3] for r in acquisition.rank(model, entries, answer_health=False)] == [unsure, sure]
+    with acquisition.switched(uncertainty=False):  # the ablation: expected MFU, no widening to read
+        assert acquisition.rank(model, entries, answer_health=False)[0][3] == sure
 
 
 def test_feature_terms_carry_a_component_error_to_configurations_with_more_or_less_of_it():
