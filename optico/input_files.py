@@ -94,7 +94,7 @@ def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") 
 
     text = read_text(path, field, "replay CSV", MAX_CSV_BYTES)
     try:
-        records = csv.reader(io.StringIO(text))
+        records = csv.reader(io.StringIO(text, newline=""))  # "\r" alone ends a line too (old Mac exports)
         header = next(records, [])
         count = sum(1 for _ in itertools.islice(records, MAX_CSV_ROWS + 1))
     except csv.Error as exc:

@@ -503,6 +503,21 @@ def test_the_spec_check_takes_the_headers_the_reader_takes(tmp_path: Path) -> No
     assert load_spec(spec).launcher.data == str(table)
 
 
+@pytest.mark.parametrize("ending", ["\r\n", "\r"])
+def test_the_spec_check_takes_the_line_endings_the_reader_takes(tmp_path: Path, ending: str) -> None:
+    """A table saved with Windows or old-Mac line endings: `tune`'s load-time check refused "\r" alone
+    ("new-line character seen in unquoted field") while `perfmodel evaluate` read the same file."""
+    from optico.spec import load_spec
+
+    table = tmp_path / "t.csv"
+    table.write_bytes(ending.join(PACKAGED.read_text().splitlines()).encode() + ending.encode())
+    assert len(read_replay_csv(table)) == len(read_replay_csv(PACKAGED))
+    spec = tmp_path / "s.yaml"
+    spec.write_text((REPO / "examples" / "llama3-8b-a100-replay.yaml").read_text()
+                    .replace("../optico/data/optico_llama3_8b_a100.csv", str(table)))
+    assert load_spec(spec).launcher.data == str(table)
+
+
 def test_presets_by_name_and_notes(tmp_path: Path) -> None:
     nh = one(tmp_path, model="Nemotron-H 56b FP8", num_layers="", hidden_size="", num_attention_heads="",
              num_query_groups="", ffn_hidden_size="", vocab_size="", tp="8", num_gpus="32", gbs="96",
