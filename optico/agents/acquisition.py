@@ -93,10 +93,12 @@ def _gain(b: Belief, best: float) -> float:
     return b.fit * expected_improvement(b.log_mfu, b.log_mfu_sd, best) if b.fit >= MIN_FIT_CHANCE else 0.0
 
 
-def expected_gain(model: JobModel, s: Strategy, best: float | None = None) -> float:
-    """P(fit) times the expected MFU improvement of `s` over `best` (default: the incumbent)."""
+def expected_gain(model: JobModel, s: Strategy, best: float | None = None, sd_factor: float = 1.0) -> float:
+    """P(fit) times the expected MFU improvement of `s` over `best` (default: the incumbent), with the
+    posterior's standard deviation times `sd_factor`."""
     best = model.incumbent_mfu() if best is None else best
-    return _gain(model.belief(s), best)
+    b = model.belief(s)
+    return _gain(b._replace(log_mfu_sd=b.log_mfu_sd * sd_factor) if sd_factor != 1.0 else b, best)
 
 
 def expected_gain_of_launches(model: JobModel, candidates: Sequence[Strategy], best: float, k: int,
@@ -119,10 +121,7 @@ def expected_gain_of_launches(model: JobModel, candidates: Sequence[Strategy], b
 def score(model: JobModel, s: Strategy, best: float) -> float:
     """What a launch of `s` is worth now: expected gain with the posterior widened by
     `PICK_SD_WIDENING`, or expected MFU without the uncertainty."""
-    if not POLICY.uncertainty:
-        return model.expected_mfu(s)
-    b = model.belief(s)
-    return _gain(b._replace(log_mfu_sd=b.log_mfu_sd * PICK_SD_WIDENING), best)
+    return expected_gain(model, s, best, PICK_SD_WIDENING) if POLICY.uncertainty else model.expected_mfu(s)
 
 
 def rank(model: JobModel, entries: Sequence[tuple[Strategy, int, bool]],
