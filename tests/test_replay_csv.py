@@ -22,6 +22,7 @@ from optico.replay_csv import (
     read_replay_file,
     variants,
 )
+from optico.spec import load_spec
 from optico.strategy import strategy_from_mapping
 from optico.workload import PRESETS, Cluster, ModelArch, Workload
 
@@ -665,6 +666,21 @@ def test_the_8k_h100_sweep_reads_as_the_model_that_ran() -> None:
     rows = read_replay_csv(Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h100-llama3.2-1b-8k.csv")
     assert len(rows) == 15 and all(r.usable for r in rows)
     assert all(r.workload.model.swiglu and not r.workload.model.untie_embeddings_and_output_weights for r in rows)
+
+
+def test_the_h200_sweep_reads_as_the_workload_of_its_spec() -> None:
+    """benchmarks/data/h200-phi3-mini.csv: every one of its 16 runs reads back as the workload of
+    examples/phi3-mini-h200-1gpu.yaml on an H200 (multi-head attention, gated, untied), and its two
+    OOM rows as OOMs — so the replay landscape is the workload that ran."""
+    root = Path(__file__).resolve().parents[1]
+    rows = read_replay_csv(root / "benchmarks" / "data" / "h200-phi3-mini.csv")
+    spec = load_spec(root / "examples" / "phi3-mini-h200-1gpu.yaml")
+    assert len(rows) == 16 and all(r.usable for r in rows)
+    model = spec.workload.model.model_copy(update={"name": rows[0].workload.model.name})
+    assert {r.workload.model for r in rows} == {model}
+    assert {r.workload.cluster.gpu for r in rows} == {"h200"}
+    assert {(r.workload.seq_length, r.workload.global_batch_size) for r in rows} == {(4096, 8)}
+    assert sum(r.result == "oom" for r in rows) == 2
 
 
 def test_gpu_sweep_kills_a_timed_out_run_with_its_workers(tmp_path: Path) -> None:
