@@ -493,8 +493,6 @@ def test_a_row_with_more_fields_than_the_header_is_skipped_and_lines_count_blank
 
 def test_the_spec_check_takes_the_headers_the_reader_takes(tmp_path: Path) -> None:
     """`tune`'s load-time check of a replay table reads headers as the reader does ('Model', 'TP')."""
-    from optico.spec import load_spec
-
     table = tmp_path / "t.csv"
     lines = PACKAGED.read_text().splitlines()
     table.write_text("\n".join([lines[0].replace("model,", "Model,").replace(",tp,", ",TP,"), *lines[1:]]) + "\n")
@@ -508,8 +506,6 @@ def test_the_spec_check_takes_the_headers_the_reader_takes(tmp_path: Path) -> No
 def test_the_spec_check_takes_the_line_endings_the_reader_takes(tmp_path: Path, ending: str) -> None:
     """A table saved with Windows or old-Mac line endings: `tune`'s load-time check refused "\r" alone
     ("new-line character seen in unquoted field") while `perfmodel evaluate` read the same file."""
-    from optico.spec import load_spec
-
     table = tmp_path / "t.csv"
     table.write_bytes(ending.join(PACKAGED.read_text().splitlines()).encode() + ending.encode())
     assert len(read_replay_csv(table)) == len(read_replay_csv(PACKAGED))
@@ -585,12 +581,10 @@ def test_gpu_sweep_rows_read_back_as_the_configuration_that_ran(tmp_path: Path) 
     and strategy the driver ran (untied embeddings, block recompute of 14 layers), for ok and OOM."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(REPO / "benchmarks"))
     import gpu_sweep
 
-    from optico.spec import load_spec
-
-    spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "llama3.2-3b-h100-1gpu.yaml")
+    spec = load_spec(REPO / "examples" / "llama3.2-3b-h100-1gpu.yaml")
     w = spec.workload
     s = gpu_sweep.parse_config("mbs=1,recompute=full,recompute_method=block,recompute_num_layers=14",
                                dict(spec.search_space.fixed))
@@ -663,7 +657,7 @@ def test_a_written_row_says_its_mlp(tmp_path: Path, swiglu: bool, ffn: int) -> N
 def test_the_8k_h100_sweep_reads_as_the_model_that_ran() -> None:
     """benchmarks/data/h100-llama3.2-1b-8k.csv (written before rows said their MLP): a Llama-3.2-1B
     shape, gated, tied embeddings, every one of its 15 runs read."""
-    rows = read_replay_csv(Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h100-llama3.2-1b-8k.csv")
+    rows = read_replay_csv(REPO / "benchmarks" / "data" / "h100-llama3.2-1b-8k.csv")
     assert len(rows) == 15 and all(r.usable for r in rows)
     assert all(r.workload.model.swiglu and not r.workload.model.untie_embeddings_and_output_weights for r in rows)
 
@@ -672,9 +666,8 @@ def test_the_h200_sweep_reads_as_the_workload_of_its_spec() -> None:
     """benchmarks/data/h200-phi3-mini.csv: every one of its 16 runs reads back as the workload of
     examples/phi3-mini-h200-1gpu.yaml on an H200 (multi-head attention, gated, untied), and its two
     OOM rows as OOMs — so the replay landscape is the workload that ran."""
-    root = Path(__file__).resolve().parents[1]
-    rows = read_replay_csv(root / "benchmarks" / "data" / "h200-phi3-mini.csv")
-    spec = load_spec(root / "examples" / "phi3-mini-h200-1gpu.yaml")
+    rows = read_replay_csv(REPO / "benchmarks" / "data" / "h200-phi3-mini.csv")
+    spec = load_spec(REPO / "examples" / "phi3-mini-h200-1gpu.yaml")
     assert len(rows) == 16 and all(r.usable for r in rows)
     model = spec.workload.model.model_copy(update={"name": rows[0].workload.model.name})
     assert {r.workload.model for r in rows} == {model}
@@ -692,7 +685,7 @@ def test_gpu_sweep_kills_a_timed_out_run_with_its_workers(tmp_path: Path) -> Non
     import sys
     import time
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(REPO / "benchmarks"))
     import gpu_sweep
 
     pid_file = tmp_path / "worker.pid"
