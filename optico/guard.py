@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from optico.fingerprint import describe, framework_of, split_by_framework
 from optico.knobs import BY_NAME, KNOBS
@@ -50,9 +49,20 @@ SMALL_SAVING = 0.03
 _MEMORY_ORDERS = [k.memory_order for k in KNOBS if k.memory_order is not None]
 
 
-@lru_cache(maxsize=65536)
+# Parallel layout by strategy signature: the guard compares layouts for every candidate against every
+# known OOM, and hashing a strategy (a pydantic model) per lookup cost more than the comparison.
+_LAYOUT_KEYS: dict[str, tuple] = {}
+_LAYOUT_KEYS_MAX = 65536
+
+
 def _layout_key(s: Strategy) -> tuple:
-    return ParallelDims.of(s, 0).key
+    sig = s.signature()
+    key = _LAYOUT_KEYS.get(sig)
+    if key is None:
+        if len(_LAYOUT_KEYS) >= _LAYOUT_KEYS_MAX:
+            _LAYOUT_KEYS.clear()
+        key = _LAYOUT_KEYS[sig] = ParallelDims.of(s, 0).key
+    return key
 
 
 def _same_layout(a: Strategy, b: Strategy) -> bool:
@@ -179,7 +189,8 @@ class Guard:
             if _same_refused_setting(s, t):
                 return Verdict(False, "known-failure", f"shares {_setting_text(t)} with trial {t.index}, which "
                                                        f"the framework refused ({t.failure.summary})")
-            if t.failure.category == FailureCategory.OOM and t.signature != sig:
+            # Both OOM rules below are about the OOM's own layout: one comparison rules most candidates out.
+            if t.failure.category == FailureCategory.OOM and t.signature != sig and _same_layout(s, t.strategy):
                 if needs_at_least_as_much_memory(s, t.strategy):
                     return Verdict(False, "implied-oom", f"needs at least the memory of {t.strategy.short()}, "
                                                          f"which ran out of memory")

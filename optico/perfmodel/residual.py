@@ -47,6 +47,7 @@ from math import comb, log, pi
 from typing import NamedTuple
 
 import numpy as np
+from scipy.linalg import cho_solve, solve_triangular
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ class ResidualGP:
         K = (self.kernel_of(m, prior) + self.feature_kernel(self._features, self._features, smooth)
              + (prior.noise**2 + 1e-9) * np.eye(len(y)))
         chol = np.linalg.cholesky(K)
-        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
+        alpha = cho_solve((chol, True), y, check_finite=False)
         lml = -0.5 * float(y @ alpha) - float(np.log(np.diag(chol)).sum()) - 0.5 * len(y) * log(2 * pi)
         return chol, alpha, lml
 
@@ -190,7 +191,8 @@ class ResidualGP:
         for fit in self._mixture:
             Ks = self.kernel_of(m, fit.prior) + self.feature_kernel(phi, self._features, fit.smooth)
             fit_mean = Ks @ fit.alpha
-            v = np.linalg.solve(fit.chol, Ks.T)
+            # Triangular solves: the factor is lower triangular (a general solve costs ~5x on the pool).
+            v = solve_triangular(fit.chol, Ks.T, lower=True, check_finite=False)
             fit_var = np.maximum(fit.prior.total**2 + own * fit.smooth**2 - (v * v).sum(axis=0), 1e-10)
             mean += fit.weight * fit_mean
             second_moment += fit.weight * (fit_var + fit_mean * fit_mean)
