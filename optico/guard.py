@@ -92,6 +92,24 @@ def _setting_text(failed: Trial) -> str:
 
 
 @dataclass(frozen=True)
+class _Failed:
+    """A failed trial with what every candidate is compared against, worked out once per view."""
+
+    trial: Trial
+    signature: str
+    lasting: bool  # a failure of the configuration itself (not infrastructure, a hang, a timeout)
+    refused: bool  # the framework confidently refused a setting (`_same_refused_setting` may match)
+    oom_layout: tuple | None  # the parallel layout, when it ran out of memory
+
+    @classmethod
+    def of(cls, t: Trial) -> "_Failed":
+        category = t.failure.category
+        return cls(t, t.signature, category not in _TRANSIENT,
+                   category == FailureCategory.INVALID_CONFIG and t.failure.confidence >= 80 and bool(t.failure.params),
+                   _layout_key(t.strategy) if category == FailureCategory.OOM else None)
+
+
+@dataclass(frozen=True)
 class _HistoryView:
     """What `check` reads of the trials, derived once per (history, prior) and not per candidate:
     an iteration checks thousands of candidates against the same trials."""
@@ -100,7 +118,7 @@ class _HistoryView:
     prior: tuple[Trial, ...]
     first_index: dict[str, int]  # signature -> the first trial of this job that ran it
     trials: list[Trial]  # this job's trials, then earlier jobs' under this framework
-    failed: list[Trial]  # those of `trials` that failed with a diagnosis
+    failed: list[_Failed]  # those of `trials` that failed with a diagnosis, in order
     stale: list[Trial]  # earlier jobs' trials under another framework: hints only
     verdicts: dict[tuple[int, str], Verdict] = field(default_factory=dict)  # (model fit, signature) -> verdict
 
@@ -111,8 +129,8 @@ class _HistoryView:
         first_index: dict[str, int] = {}
         for t in history:
             first_index.setdefault(t.signature, t.index)
-        return cls(tuple(history), tuple(prior), first_index, trials,
-                   [t for t in trials if t.status == TrialStatus.FAILED and t.failure is not None], stale)
+        failed = [_Failed.of(t) for t in trials if t.status == TrialStatus.FAILED and t.failure is not None]
+        return cls(tuple(history), tuple(prior), first_index, trials, failed, stale)
 
     def matches(self, history: Sequence[Trial], prior: Sequence[Trial]) -> bool:
         """The same trials: the same frozen records, or equal ones read again from the pool (each
@@ -161,19 +179,33 @@ class Guard:
         return self._static[sig]
 
     def check(self, s: Strategy, history: list[Trial], prior: list[Trial] = (), *, retry: bool = False) -> Verdict:
+        """`retry`: the same configuration again after a transient failure (a duplicate is no refusal)."""
+        if not retry:
+            return self.check_all([s], history, prior)[0]
         static = self._static_check(s)
         if not static.admitted:
             return static
+        return self._check_against(s, self._history_view(history, prior), retry=True)
+
+    def check_all(self, candidates: Sequence[Strategy], history: list[Trial], prior: Sequence[Trial] = ()
+                  ) -> list[Verdict]:
+        """`check` of each candidate, in order: a pass over the pool looks the trials and the fit up once.
+        The analysis and the stopping rule each pass over the whole pool with the same trials and the
+        same fit: the second pass reads the first's verdicts."""
         view = self._history_view(history, prior)
-        if retry:
-            return self._check_against(s, view, retry=True)
-        # The analysis and the stopping rule each check the whole pool against the same trials and
-        # the same fit: the second pass reads the first's verdicts.
-        key = (self.model.fit_id, s.signature())
-        verdict = view.verdicts.get(key)
-        if verdict is None:
-            verdict = view.verdicts[key] = self._check_against(s, view, retry=False)
-        return verdict
+        fit_id, static_of, cached = self.model.fit_id, self._static, view.verdicts
+        out = []
+        for s in candidates:
+            sig = s.signature()
+            static = static_of.get(sig) or self._static_check(s)
+            if not static.admitted:
+                out.append(static)
+                continue
+            verdict = cached.get((fit_id, sig))
+            if verdict is None:
+                verdict = cached[(fit_id, sig)] = self._check_against(s, view, retry=False)
+            out.append(verdict)
+        return out
 
     def _check_against(self, s: Strategy, view: _HistoryView, *, retry: bool) -> Verdict:
         """The checks that depend on the trials and the model's current fit."""
@@ -183,14 +215,17 @@ class Guard:
         # Earlier jobs' failures under another framework (before an upgrade) are hints, not refusals:
         # a configuration that ran out of memory then may fit now.
         trials = view.trials
-        for t in view.failed:
-            if t.signature == sig and t.failure.category not in _TRANSIENT and not retry:
+        layout = None  # the candidate's layout, looked up at the first OOM that may share it
+        for f in view.failed:
+            t = f.trial
+            if f.lasting and f.signature == sig and not retry:
                 return Verdict(False, "known-failure", f"failed before ({t.failure.summary})")
-            if _same_refused_setting(s, t):
+            if f.refused and _same_refused_setting(s, t):
                 return Verdict(False, "known-failure", f"shares {_setting_text(t)} with trial {t.index}, which "
                                                        f"the framework refused ({t.failure.summary})")
             # Both OOM rules below are about the OOM's own layout: one comparison rules most candidates out.
-            if t.failure.category == FailureCategory.OOM and t.signature != sig and _same_layout(s, t.strategy):
+            if f.oom_layout is not None and f.signature != sig \
+                    and f.oom_layout == (layout := layout or _layout_key(s)):
                 if needs_at_least_as_much_memory(s, t.strategy):
                     return Verdict(False, "implied-oom", f"needs at least the memory of {t.strategy.short()}, "
                                                          f"which ran out of memory")
@@ -203,6 +238,8 @@ class Guard:
             return Verdict(False, "predicted-oom",
                            f"predicted {self.model.mem_gib(s):.1f} GiB > {self.model.limit_gib:.1f} GiB "
                            f"limit (+{self.model.constants.oom_margin:.0%} margin)")
+        if not view.stale:
+            return ADMIT
         hint = next((t for t in view.stale if t.signature == sig and t.status == TrialStatus.FAILED and t.failure),
                     None)
         if hint is not None:

@@ -223,3 +223,25 @@ def test_guard_lets_a_layout_live_when_a_bigger_sibling_fitted():
     sibling = ok_trial(1, S(tp=2, mbs=1), 0.6)
     assert model.base(sibling.strategy).mem_gib >= model.base(candidate).mem_gib
     assert guard.check(candidate, [sibling, oom]).admitted
+
+
+def test_guard_check_all_gives_each_candidates_own_verdict():
+    """The pass over the pool (the analysis and the stopping rule) answers as `check` does one by one,
+    rule and reason, with every kind of failure on record: a duplicate, an OOM (implied and small-saving
+    siblings), a refused setting, a hang (transient: says nothing about the configuration)."""
+    space = SearchSpace.build(W, ["tp", "pp", "mbs", "sp", "recompute", "cp"], {"use_distributed_optimizer": True})
+    pool = list(space.enumerate(W))
+    refused = Trial(id=4, job_id=1, index=4, strategy=S(tp=4, cp=2), signature=S(tp=4, cp=2).signature(),
+                    status=TrialStatus.FAILED,
+                    failure=Failure(category=FailureCategory.INVALID_CONFIG, confidence=90,
+                                    params=["context_parallel_size"], summary="CP 2 caused invalid configuration"))
+    history = [ok_trial(1, S(tp=2), 0.6, mem=60), failed_trial(2, S(tp=2, mbs=2), FailureCategory.OOM),
+               failed_trial(3, S(tp=8), FailureCategory.HANG), refused]
+    model = JobModel(W)
+    model.prime(pool)
+    model.observe(history)
+    one_by_one = [Guard(W, space, model).check(s, history) for s in pool]
+    together = Guard(W, space, model).check_all(pool, history)
+    assert together == one_by_one
+    rules = {v.rule for v in together}
+    assert {"duplicate", "implied-oom", "known-failure", "predicted-oom", ""} <= rules

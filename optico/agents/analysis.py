@@ -145,8 +145,8 @@ class RulesAnalysis:
         counts = {"tried or known to fail": 0, "predicted OOM": 0, "other": 0}
         entries: list[tuple[Strategy, int, bool]] = []
         # A coarse pool (a very large space) adds the moves around the reference; a list is scored whole.
-        for cand in self.pool.around(ref) if hasattr(self.pool, "around") else self.pool:
-            verdict = self.guard.check(cand, inp.history, inp.prior)
+        pool = self.pool.around(ref) if hasattr(self.pool, "around") else self.pool
+        for cand, verdict in zip(pool, self.guard.check_all(pool, inp.history, inp.prior)):
             if not verdict.admitted:
                 key = {"duplicate": "tried or known to fail", "known-failure": "tried or known to fail",
                        "implied-oom": "tried or known to fail", "predicted-oom": "predicted OOM"}.get(verdict.rule, "other")

@@ -37,7 +37,7 @@ def converged(model: JobModel, guard: Guard, pool: Sequence[Strategy], trials: l
         return None
     model.observe([*prior, *trials])
     best = model.incumbent_mfu()
-    admissible = [s for s in pool if guard.admissible(s, trials, prior)]
+    admissible = [s for s, v in zip(pool, guard.check_all(pool, trials, prior)) if v.admitted]
     if not admissible or best <= 0:
         return None  # the guard reports exhaustion
     if acquisition.POLICY.uncertainty:

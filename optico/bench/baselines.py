@@ -94,7 +94,8 @@ class ModelGreedy:
         trials: list[Trial] = []
         while len(out) < budget:
             model.observe(trials)
-            admissible = [s for s in landscape.candidates if guard.admissible(s, trials)]
+            admissible = [s for s, v in zip(landscape.candidates, guard.check_all(landscape.candidates, trials))
+                          if v.admitted]
             if not admissible:
                 break
             best = max(admissible, key=model.expected_mfu)
@@ -176,7 +177,7 @@ class OptunaSearch:
         out: list[TrialOutcome] = []
         trials: list[Trial] = []
         while len(out) < budget:
-            admissible = [i for i, s in enumerate(landscape.candidates) if guard.admissible(s, trials)]
+            admissible = [i for i, v in enumerate(guard.check_all(landscape.candidates, trials)) if v.admitted]
             if not admissible:
                 break
             if self.sampler == "gp":

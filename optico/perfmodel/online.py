@@ -301,6 +301,10 @@ class JobModel:
                     self._pool_base = (np.array([b.mfu for b in bases]), np.array([b.mem_gib for b in bases]),
                                        self._memory_features(self._pool))
                 self._pool_now = np.column_stack(self._beliefs(self._pool_matrix[:, self._columns], *self._pool_base))
+                # The whole pool is asked about in the same pass: one conversion, not one per candidate.
+                rows = self._pool_now.tolist()
+                self._now.update({k: Belief._make(rows[j]) for k, j in self._pool_index.items()})
+                return self._now[sig]
             found = self._now[sig] = Belief._make(self._pool_now[i].tolist())
             return found
         base = self.base(s)
@@ -349,4 +353,4 @@ class JobModel:
         """Out of memory with the configured margin: only clear cases are rejected."""
         if not SWITCHES.oom_guard:
             return False
-        return self.mem_gib(s) > self.limit_gib * (1 + self.constants.oom_margin)
+        return self.belief(s).mem_gib > self.limit_gib * (1 + self.constants.oom_margin)

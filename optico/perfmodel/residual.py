@@ -117,11 +117,19 @@ class ResidualGP:
         """m(A_i, B_j): on how many knobs each pair of configurations agrees (len(A) x len(B))."""
         return (A[:, None, :] == B[None, :, :]).sum(axis=2).astype(float)
 
-    def kernel_of(self, m: np.ndarray, prior: ResidualPrior | None = None) -> np.ndarray:
-        """k from the agreement counts `m` (see the module docstring)."""
+    def kernel_of(self, m: np.ndarray, prior: ResidualPrior | None = None,
+                  shared: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """k from the agreement counts `m` (see the module docstring). `shared`: `self.pair_terms(m)`,
+        when the caller evaluates several priors on the same `m`."""
         p, F = prior or self.prior, self.F
-        pairs = m * (m - 1) / 2 / max(1, comb(F, 2))
-        return (p.offset**2 + p.main**2 * m / F + p.pair**2 * pairs + p.config**2 * (m == F))
+        pairs, same = shared if shared is not None else self.pair_terms(m)
+        return (p.offset**2 + p.main**2 * m / F + p.pair**2 * pairs + p.config**2 * same)
+
+    def pair_terms(self, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The parts of the kernel no prior scales: the share of knob pairs agreed on, and whether
+        the configurations agree on every knob."""
+        F = self.F
+        return m * (m - 1) / 2 / max(1, comb(F, 2)), m == F
 
     def kernel(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
         """k(A_i, B_j) for every pair (len(A) x len(B))."""
@@ -133,11 +141,11 @@ class ResidualGP:
             return 0.0
         return (A * (self.feature_sd * smooth) ** 2) @ B.T
 
-    def _factor(self, m: np.ndarray, y: np.ndarray, prior: ResidualPrior, smooth: float = 1.0
-                ) -> tuple[np.ndarray, np.ndarray, float]:
+    def _factor(self, m: np.ndarray, y: np.ndarray, prior: ResidualPrior, smooth: float = 1.0,
+                shared: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, float]:
         """(Cholesky factor, alpha, log marginal likelihood) of the observations (agreements `m`) under
         `prior`, the feature terms scaled by `smooth`."""
-        K = (self.kernel_of(m, prior) + self.feature_kernel(self._features, self._features, smooth)
+        K = (self.kernel_of(m, prior, shared) + self.feature_kernel(self._features, self._features, smooth)
              + (prior.noise**2 + 1e-9) * np.eye(len(y)))
         chol = np.linalg.cholesky(K)
         alpha = cho_solve((chol, True), y, check_finite=False)
@@ -155,9 +163,10 @@ class ResidualGP:
             return self
         grid = [(a, b) for a in SCALES for b in SCALES] if self.adapt and len(y) >= ADAPT_FROM else [(1.0, 1.0)]
         m = self.agreements(X, X)  # the same for every factor tried
+        shared = self.pair_terms(m)
 
         def log_posterior(factors: tuple[float, float]) -> tuple[float, np.ndarray, np.ndarray]:
-            chol, alpha, lml = self._factor(m, y, self.base_prior.scaled(*factors), factors[0])
+            chol, alpha, lml = self._factor(m, y, self.base_prior.scaled(*factors), factors[0], shared)
             return lml - 0.5 * sum((log(f) / SCALE_HYPERPRIOR_SD) ** 2 for f in factors), chol, alpha
 
         fits = {f: log_posterior(f) for f in grid}
@@ -187,9 +196,10 @@ class ResidualGP:
         if not self._mixture:
             return np.zeros(len(Z)), np.sqrt(self.prior.total**2 + own)
         m = self.agreements(Z, self._X)
+        shared = self.pair_terms(m)  # the same for every fit of the mixture
         mean, second_moment = np.zeros(len(Z)), np.zeros(len(Z))
         for fit in self._mixture:
-            Ks = self.kernel_of(m, fit.prior) + self.feature_kernel(phi, self._features, fit.smooth)
+            Ks = self.kernel_of(m, fit.prior, shared) + self.feature_kernel(phi, self._features, fit.smooth)
             fit_mean = Ks @ fit.alpha
             # Triangular solves: the factor is lower triangular (a general solve costs ~5x on the pool).
             v = solve_triangular(fit.chol, Ks.T, lower=True, check_finite=False)

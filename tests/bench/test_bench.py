@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import subprocess
 from pathlib import Path
@@ -15,7 +16,7 @@ from optico.bench.baselines import BASELINES, _encoding, model_ranking
 from optico.bench.landscapes import DEVIATIONS, BenchLauncher, LandscapeSkipped, draw_hidden, out_of_form
 from optico.bench.metrics import best_so_far, run_metrics
 from optico.bench.report import markdown, plot, result_document, write_json
-from optico.bench.suite import OUT_OF_FORM, select_landscapes
+from optico.bench.suite import OUT_OF_FORM, run_landscape, select_landscapes
 from optico.bench.tuners import TrialOutcome
 from optico.perfmodel.constants import load_constants
 from optico.runner import search_pool
@@ -212,3 +213,12 @@ def test_cli_bench_replay(tmp_path: Path, cli_env):
     bad = subprocess.run(optico_cmd("bench", "--tuners", "hillclimb", "--suite", "replay"), capture_output=True,
                          text=True, env=cli_env, timeout=300)
     assert bad.returncode == 2 and "unknown tuner" in bad.stderr
+
+
+def test_a_landscape_run_hands_its_objects_back_to_the_collector(tiny_defs):
+    """The tuners run with the landscape frozen out of the garbage collector's way; afterwards nothing
+    stays frozen, or a worker running landscape after landscape would keep every one of them."""
+    assert gc.get_freeze_count() == 0
+    result = run_landscape(tiny_defs[0], ["model-greedy"], budget=3, seeds=1, fidelity=False)
+    assert len(result["runs"]["model-greedy"][0]["trials_log"]) == 3
+    assert gc.get_freeze_count() == 0
