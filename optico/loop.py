@@ -100,15 +100,21 @@ def _emit(ctx: LoopContext, job_id: int, event: JobEvent) -> None:
     """Stores the event (unless it is live-only), then tells the live listener."""
     if event.kind in STORED_KINDS:
         ctx.store.add_event(job_id, event, worker=ctx.worker)
+    _tell(ctx, event)
+
+
+def _tell(ctx: LoopContext, event: JobEvent) -> None:
     if ctx.on_event:
         ctx.on_event(event.kind, event.model_dump(mode="json"))
 
 
 def _say(ctx: LoopContext, job_id: int, iteration: int, agent: str, kind: str, content: dict[str, Any],
          text: str = "") -> None:
-    """Stores an agent's message in the pool and announces it as an event."""
-    ctx.store.add_message(job_id, iteration, agent, kind, content, text, worker=ctx.worker)
-    _emit(ctx, job_id, AgentOutput(iteration=iteration, agent=agent, message=kind, text=clip(text, 500)))
+    """Stores an agent's message in the pool with the event announcing it (one transaction), then
+    tells the live listener."""
+    event = AgentOutput(iteration=iteration, agent=agent, message=kind, text=clip(text, 500))
+    ctx.store.add_message(job_id, iteration, agent, kind, content, text, worker=ctx.worker, event=event)
+    _tell(ctx, event)
 
 
 def _best(trials: list[Trial]) -> Trial | None:

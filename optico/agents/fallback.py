@@ -129,13 +129,12 @@ def pool_notifier(store: Any, job_id: int, on_event: Callable[[str, dict[str, An
                           worker=worker)
         if d.fallback is None:
             return
-        store.add_message(job_id, d.iteration, d.agent, "fallback",
-                          {"error": d.fallback.reason, "cause": d.fallback.cause, "asked": d.asked}, d.line(),
-                          worker=worker)
         event = ReasonerFallback(iteration=d.iteration, agent=d.agent,
                                  reason=f"{d.asked} -> rules ({d.fallback.cause}): {d.fallback.reason}")
         payload = event.model_dump(mode="json")
-        store.add_event(job_id, event, worker=worker)
+        store.add_message(job_id, d.iteration, d.agent, "fallback",
+                          {"error": d.fallback.reason, "cause": d.fallback.cause, "asked": d.asked}, d.line(),
+                          worker=worker, event=event)
         if on_event:
             on_event("fallback", payload)
         log.warning("job %s: %s", job_id, d.line())

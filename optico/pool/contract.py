@@ -216,9 +216,10 @@ class Store(ABC):
     # -- the message pool and the event log ---------------------------------------------------
     @abstractmethod
     def add_message(self, job_id: int, iteration: int, agent: str, kind: str, content: dict[str, Any],
-                    text: str = "", *, worker: str | None = None) -> int:
+                    text: str = "", *, worker: str | None = None, event: JobEvent | None = None) -> int:
         """Stores an agent's message and returns its id; the same (job, iteration, agent, kind)
-        replaces the earlier one and keeps its id."""
+        replaces the earlier one and keeps its id. `event` (its announcement) is appended to the event
+        log in the same transaction: both are stored or neither."""
 
     @abstractmethod
     def messages(self, job_id: int, iteration: int | None = None, *, after_id: int = 0) -> list[AgentMessage]:

@@ -12,6 +12,7 @@ import secrets as _secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy import Engine, Table, case, func, or_, select, update
@@ -636,25 +637,35 @@ class SqlStore(ScheduleSql, Store):
 
     # -- the message pool and the event log ---------------------------------------------------
     def add_message(self, job_id: int, iteration: int, agent: str, kind: str, content: dict[str, Any],
-                    text: str = "", *, worker: str | None = None) -> int:
+                    text: str = "", *, worker: str | None = None, event: JobEvent | None = None) -> int:
+        if event is not None and event.kind == "log":
+            raise ValueError("log events are published live, never stored")
         content = _jsonable(dict(content), "content")
         usage = {k: content.get(k) for k in ("prompt_tokens", "completion_tokens", "cost_usd")}
         usage = {k: (v if isinstance(v, (int, float)) and not isinstance(v, bool) else None) for k, v in usage.items()}
-        insert = self._insert(_MESSAGES)
-        stmt = (insert.values(job_id=job_id, iteration=iteration, agent=agent, kind=kind, content=content,
-                              text=redact.redact(text), **usage)
-                .on_conflict_do_update(index_elements=["job_id", "iteration", "agent", "kind"],
-                                       set_={"content": insert.excluded.content, "text": insert.excluded.text,
-                                             "prompt_tokens": insert.excluded.prompt_tokens,
-                                             "completion_tokens": insert.excluded.completion_tokens,
-                                             "cost_usd": insert.excluded.cost_usd, "created_at": func.now()})
-                .returning(_MESSAGES.c.id))
+        values = dict(job_id=job_id, iteration=iteration, agent=agent, kind=kind, content=content,
+                      text=redact.redact(text), **usage)
         with self._session() as s:
-            if worker is not None:
-                self._fence(s, job_id, worker)
+            if worker is not None or event is not None:
+                self._fence(s, job_id, worker)  # an event's seq is allocated under the job's row lock
             else:
                 self._job_row(s, job_id)
-            return int(s.execute(stmt).scalar_one())
+            message_id = int(s.execute(self._message_upsert, values).scalar_one())
+            if event is not None:
+                self._append_event(s, job_id, event)
+            return message_id
+
+    @cached_property
+    def _message_upsert(self) -> postgresql.Insert | sqlite.Insert:
+        """INSERT of a message that replaces the same (job, iteration, agent, kind); built once, its
+        values bound per call (building it cost as much as running it)."""
+        insert = self._insert(_MESSAGES)
+        return (insert.on_conflict_do_update(index_elements=["job_id", "iteration", "agent", "kind"],
+                                             set_={"content": insert.excluded.content, "text": insert.excluded.text,
+                                                   "prompt_tokens": insert.excluded.prompt_tokens,
+                                                   "completion_tokens": insert.excluded.completion_tokens,
+                                                   "cost_usd": insert.excluded.cost_usd, "created_at": func.now()})
+                .returning(_MESSAGES.c.id))
 
     def messages(self, job_id: int, iteration: int | None = None, *, after_id: int = 0) -> list[AgentMessage]:
         query = select(MessageRow).where(MessageRow.job_id == job_id, MessageRow.id > after_id)

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from optico.events import AgentOutput, TrialStarted
+from optico.events import AgentOutput, TrialFinished, TrialLog, TrialStarted
 from optico.pool import AgentMessage, JobRecord, JobStatus, SqlStore, Store, StoredEvent, StoreError
 from optico.pool.models import EventRow, MessageRow, TrialRow, WorkloadRow
 from optico.strategy import Strategy
@@ -215,6 +215,27 @@ def test_add_message_upserts_on_job_iteration_agent_kind(store: SqlStore) -> Non
     assert [m.id for m in msgs] == [first, other_kind]
     assert msgs[0].content == {"state": "HEALTHY"} and msgs[0].text == "second"
     assert isinstance(msgs[0], AgentMessage) and msgs[0].created_at.tzinfo is not None
+
+
+def test_a_message_and_its_announcement_are_stored_together_or_not_at_all(store: SqlStore) -> None:
+    """The loop stores an agent's message with the event announcing it in one transaction: a reader of
+    the event log never sees an announcement whose message is missing, nor the reverse."""
+    job_id = store.create_job(make_spec())
+    before = len(store.events(job_id))
+    said = AgentOutput(iteration=1, agent="analysis", message="output", text="TP 2 -> 4")
+    message_id = store.add_message(job_id, 1, "analysis", "output", {"n": 1}, "TP 2 -> 4", event=said)
+    [message], events = store.messages(job_id), store.events(job_id)
+    assert message.id == message_id and message.content == {"n": 1}
+    assert len(events) == before + 1 and events[-1].event == said
+    # A write that fails after the message went in (here: the event, not JSON, is refused as it is
+    # appended) leaves neither behind.
+    with pytest.raises(ValueError, match="event must be JSON"):
+        store.add_message(job_id, 2, "analysis", "output", {"n": 2},
+                          event=TrialFinished(index=1, strategy="TP2", status="ok", mfu=float("nan")))
+    assert [m.id for m in store.messages(job_id)] == [message_id] and len(store.events(job_id)) == before + 1
+    with pytest.raises(ValueError, match="log events"):
+        store.add_message(job_id, 3, "analysis", "output", {}, event=TrialLog(index=1, line="x"))
+    assert len(store.messages(job_id)) == 1
 
 
 def test_messages_are_ordered_by_iteration_then_id_and_filter_by_iteration(store: SqlStore) -> None:
