@@ -77,14 +77,18 @@ def needs_at_least_as_much_memory(candidate: Strategy, oom: Strategy) -> bool:
     return all(order(candidate) <= order(oom) for order in _MEMORY_ORDERS)
 
 
-def _same_refused_setting(s: Strategy, failed: Trial) -> bool:
-    """The framework refused a setting (not a size): every parameter the diagnosis blames has the same
-    value in `s` — e.g. CP 2 without Transformer Engine. Only confident invalid-configuration
-    diagnoses count; an OOM or a timeout says nothing about other configurations this way."""
+def _refuses_a_setting(failed: Trial) -> bool:
+    """The framework refused a setting (not a size), by a confident invalid-configuration diagnosis
+    that blames parameters; an OOM or a timeout says nothing about other configurations this way."""
     f = failed.failure
-    if f is None or f.category != FailureCategory.INVALID_CONFIG or f.confidence < 80 or not f.params:
-        return False
-    return all(getattr(s, p, None) == getattr(failed.strategy, p, None) for p in f.params)
+    return f is not None and f.category == FailureCategory.INVALID_CONFIG and f.confidence >= 80 and bool(f.params)
+
+
+def _same_refused_setting(s: Strategy, failed: Trial) -> bool:
+    """`failed` refused a setting and every parameter it blames has the same value in `s` — e.g. CP 2
+    without Transformer Engine."""
+    return _refuses_a_setting(failed) and all(getattr(s, p, None) == getattr(failed.strategy, p, None)
+                                              for p in failed.failure.params)
 
 
 def _setting_text(failed: Trial) -> str:
@@ -98,14 +102,13 @@ class _Failed:
     trial: Trial
     signature: str
     lasting: bool  # a failure of the configuration itself (not infrastructure, a hang, a timeout)
-    refused: bool  # the framework confidently refused a setting (`_same_refused_setting` may match)
+    refused: bool  # `_refuses_a_setting`: `_same_refused_setting` may match
     oom_layout: tuple | None  # the parallel layout, when it ran out of memory
 
     @classmethod
     def of(cls, t: Trial) -> "_Failed":
         category = t.failure.category
-        return cls(t, t.signature, category not in _TRANSIENT,
-                   category == FailureCategory.INVALID_CONFIG and t.failure.confidence >= 80 and bool(t.failure.params),
+        return cls(t, t.signature, category not in _TRANSIENT, _refuses_a_setting(t),
                    _layout_key(t.strategy) if category == FailureCategory.OOM else None)
 
 

@@ -296,22 +296,24 @@ class JobModel:
         i = self._pool_index.get(sig)
         if i is not None:
             if self._pool_now is None:  # not answered since the last fit
-                if self._pool_base is None:  # the model's own predictions: the same for the whole job
-                    bases = self._pool_predictions()
-                    self._pool_base = (np.array([b.mfu for b in bases]), np.array([b.mem_gib for b in bases]),
-                                       self._memory_features(self._pool))
-                self._pool_now = np.column_stack(self._beliefs(self._pool_matrix[:, self._columns], *self._pool_base))
-                # The whole pool is asked about in the same pass: one conversion, not one per candidate.
-                rows = self._pool_now.tolist()
-                self._now.update({k: Belief._make(rows[j]) for k, j in self._pool_index.items()})
-                return self._now[sig]
-            found = self._now[sig] = Belief._make(self._pool_now[i].tolist())
-            return found
+                self._answer_pool()
+            # (Another thread may still be filling `_now` from the same rows.)
+            return self._now.get(sig) or Belief._make(self._pool_now[i].tolist())
         base = self.base(s)
         arrays = self._beliefs(self._vector(s)[None, self._columns], np.array([base.mfu]), np.array([base.mem_gib]),
                                self._memory_features([s]))
         found = self._now[sig] = Belief._make(float(a[0]) for a in arrays)
         return found
+
+    def _answer_pool(self) -> None:
+        """Every pool configuration's belief under the current fit, in one array pass and one conversion."""
+        if self._pool_base is None:  # the model's own predictions: the same for the whole job
+            bases = self._pool_predictions()
+            self._pool_base = (np.array([b.mfu for b in bases]), np.array([b.mem_gib for b in bases]),
+                               self._memory_features(self._pool))
+        self._pool_now = np.column_stack(self._beliefs(self._pool_matrix[:, self._columns], *self._pool_base))
+        rows = self._pool_now.tolist()
+        self._now.update({k: Belief._make(rows[j]) for k, j in self._pool_index.items()})
 
     def log_error(self, s: Strategy) -> tuple[float, float]:
         """Posterior (mean, standard deviation) of log(true MFU / model MFU) at `s`."""

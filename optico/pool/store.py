@@ -76,6 +76,11 @@ def _jsonable(value: Any, field: str, redactor: redact.Redactor | None = None) -
     return (redactor or redact.current()).scrub(plain)
 
 
+def _refuse_live_only(event: JobEvent) -> None:
+    if event.kind == "log":
+        raise ValueError("log events are published live, never stored")
+
+
 def spec_redactor(spec: JobSpec) -> redact.Redactor:
     """A redactor for the texts of one submission: every secret known now, and the secret-named
     `launcher.env` values written into this spec. Those stay this submission's: registered for the
@@ -638,8 +643,8 @@ class SqlStore(ScheduleSql, Store):
     # -- the message pool and the event log ---------------------------------------------------
     def add_message(self, job_id: int, iteration: int, agent: str, kind: str, content: dict[str, Any],
                     text: str = "", *, worker: str | None = None, event: JobEvent | None = None) -> int:
-        if event is not None and event.kind == "log":
-            raise ValueError("log events are published live, never stored")
+        if event is not None:
+            _refuse_live_only(event)
         content = _jsonable(dict(content), "content")
         usage = {k: content.get(k) for k in ("prompt_tokens", "completion_tokens", "cost_usd")}
         usage = {k: (v if isinstance(v, (int, float)) and not isinstance(v, bool) else None) for k, v in usage.items()}
@@ -676,8 +681,7 @@ class SqlStore(ScheduleSql, Store):
             return [_message(r) for r in s.scalars(query.order_by(MessageRow.iteration, MessageRow.id))]
 
     def add_event(self, job_id: int, event: JobEvent, *, worker: str | None = None) -> int:
-        if event.kind == "log":
-            raise ValueError("log events are published live, never stored")
+        _refuse_live_only(event)
         with self._session() as s:
             self._fence(s, job_id, worker)
             return self._append_event(s, job_id, event)
