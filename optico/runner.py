@@ -198,7 +198,17 @@ async def run_claimed_job(store: Store, database_url: str, job_id: int, *, worke
     next worker). Never raises for the outcome of the job itself: a broken run marks it failed."""
     policy = policy or LeasePolicy()
     job = store.get_job(job_id)
-    ctx = build_context(job.spec, store, job_id, worker=worker, launcher=launcher, on_event=on_event)
+    try:
+        # Building takes seconds for a large space: a stop or a broken build (an LLM setting this
+        # worker lacks, a launcher it cannot start) ends the claimed job here too, never leaves it
+        # running under a lease nobody renews.
+        ctx = build_context(job.spec, store, job_id, worker=worker, launcher=launcher, on_event=on_event)
+    except KeyboardInterrupt:
+        _settle(store, job_id, worker, "interrupted", on_event)
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded on the job, as a broken run is
+        _end_broken_run(store, job_id, worker, exc, on_event)
+        return store.get_job(job_id)
     task = asyncio.ensure_future(_run_graph(store, database_url, job_id, ctx))
     heartbeat = Heartbeat(store, job_id, worker, policy, asyncio.get_running_loop(), task)
     heartbeat.start()
@@ -219,19 +229,7 @@ async def run_claimed_job(store: Store, database_url: str, job_id: int, *, worke
     except LeaseLost:
         pass  # another worker runs the job now; nothing of ours may be written
     except Exception as exc:  # the run broke (a bug, a Ray cluster gone): failed, resumable
-        reason = clip(f"{type(exc).__name__}: {exc}".splitlines()[0], 500)
-        try:
-            if database_unavailable(exc):
-                # A database restart or failover is not the job's failure: interrupted, so a worker (this
-                # one once it reconnects, or another) resumes it and re-runs the trial it was running.
-                store.transition(job_id, JobStatus.INTERRUPTED, worker=worker,
-                                 reason=f"interrupted: the database connection was lost ({reason})")
-            else:
-                # The trial it was running has no result: recorded lost, not left running for ever.
-                _lose_running(store, job_id, worker, f"the run broke: {reason}", on_event)
-                store.transition(job_id, JobStatus.FAILED, reason=reason, worker=worker)
-        except (LifecycleError, StoreError):
-            pass  # the database is still down: the lease expires and the next holder takes the job over
+        _end_broken_run(store, job_id, worker, exc, on_event)
     finally:
         ctx.model.abandon()  # an agent's thread still predicting for this run stops (Ctrl-C, cancel, lease lost)
         heartbeat.stop()
@@ -286,6 +284,24 @@ def _lose_running(store: Store, job_id: int, worker: str, reason: str, on_event:
             store.add_event(job_id, event, worker=worker)
             if on_event:
                 on_event(event.kind, event.model_dump(mode="json"))
+
+
+def _end_broken_run(store: Store, job_id: int, worker: str, exc: Exception, on_event: EventSink | None) -> None:
+    """The run broke (a bug, a Ray cluster gone, a context this worker cannot build): the job is
+    failed (resumable), or interrupted when the database went away."""
+    reason = clip(f"{type(exc).__name__}: {exc}".splitlines()[0], 500)
+    try:
+        if database_unavailable(exc):
+            # A database restart or failover is not the job's failure: interrupted, so a worker (this
+            # one once it reconnects, or another) resumes it and re-runs the trial it was running.
+            store.transition(job_id, JobStatus.INTERRUPTED, worker=worker,
+                             reason=f"interrupted: the database connection was lost ({reason})")
+        else:
+            # The trial it was running has no result: recorded lost, not left running for ever.
+            _lose_running(store, job_id, worker, f"the run broke: {reason}", on_event)
+            store.transition(job_id, JobStatus.FAILED, reason=reason, worker=worker)
+    except (LifecycleError, StoreError):
+        pass  # the database is still down: the lease expires and the next holder takes the job over
 
 
 def _settle(store: Store, job_id: int, worker: str, reason: str, on_event: EventSink | None) -> None:

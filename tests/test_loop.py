@@ -17,7 +17,7 @@ from optico.pool.lifecycle import JobStatus
 from optico.pool.store import SqlStore
 from optico.report import job_result
 from optico.runner import run_job
-from optico.spec import load_spec
+from optico.spec import ReasonerSpec, load_spec
 from optico.trial import TrialStatus
 from tests.conftest import EXAMPLES, optico_cmd
 
@@ -165,7 +165,12 @@ launcher: {kind: sim}
 """
 
 
-def test_sigterm_while_an_agent_still_predicts_a_huge_space_ends_tune_at_once(tmp_path: Path, cli_env: dict):
+@pytest.mark.parametrize("after_s", [1, 8], ids=["building-its-context", "predicting"])
+def test_sigterm_while_an_agent_still_predicts_a_huge_space_ends_tune_at_once(tmp_path: Path, cli_env: dict,
+                                                                               after_s: int):
+    """1 s after the run begins its context is still being built (the candidate pool takes ~3 s, far
+    longer on a loaded machine); 8 s after, the seeding agent is usually predicting the pool. Either
+    way the job ends interrupted with its lease released."""
     spec = tmp_path / "huge.yaml"
     spec.write_text(HUGE)
     proc = subprocess.Popen(optico_cmd("tune", str(spec)), env=cli_env, stdout=subprocess.PIPE,
@@ -175,8 +180,8 @@ def test_sigterm_while_an_agent_still_predicts_a_huge_space_ends_tune_at_once(tm
         assert line or proc.poll() is None, "tune ended before the run began"
         assert time.time() < deadline, "the run never began"
     try:
-        time.sleep(8)  # the candidate pool is built (~3 s); the seeding agent is predicting it
-        assert proc.poll() is None, "the prediction should still be going"
+        time.sleep(after_s)
+        assert proc.poll() is None, "the run should still be going"
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 143
@@ -184,7 +189,23 @@ def test_sigterm_while_an_agent_still_predicts_a_huge_space_ends_tune_at_once(tm
     finally:
         proc.kill()  # a no-op once it has ended; else it would predict for minutes after a failure
     with SqlStore(cli_env["OPTICO_DATABASE_URL"]) as store:
-        assert store.get_job(1).status is JobStatus.INTERRUPTED
+        job = store.get_job(1)
+        assert job.status is JobStatus.INTERRUPTED and job.lease_owner is None
+
+
+def test_a_job_whose_context_cannot_be_built_fails_saying_why(db_url: str, monkeypatch: pytest.MonkeyPatch):
+    """An LLM reasoner on a worker without OPTICO_LLM_MODEL: the claimed job fails naming the
+    variable and its lease is released (it was left running, retaken every lease period)."""
+    for name in ("OPTICO_LLM_MODEL", "OPTICO_LLM_BASE_URL", "OPTICO_LLM_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    spec = load_spec(EXAMPLES / "llama3-8b-a100.yaml")
+    spec = spec.model_copy(update={"reasoner": ReasonerSpec.every("model-guided")})
+    store = SqlStore(db_url)
+    job_id = store.create_job(spec)
+    final = run_job(store, db_url, job_id)
+    assert final.status is JobStatus.FAILED and final.lease_owner is None
+    assert "OPTICO_LLM_MODEL is not set" in (final.stop_reason or "")
+    assert store.trials(job_id) == []
 
 
 def test_a_space_too_large_to_model_in_time_fails_its_job_saying_so(tmp_path: Path, db_url: str,
