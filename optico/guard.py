@@ -84,11 +84,10 @@ def _refuses_a_setting(failed: Trial) -> bool:
     return f is not None and f.category == FailureCategory.INVALID_CONFIG and f.confidence >= 80 and bool(f.params)
 
 
-def _same_refused_setting(s: Strategy, failed: Trial) -> bool:
-    """`failed` refused a setting and every parameter it blames has the same value in `s` — e.g. CP 2
-    without Transformer Engine."""
-    return _refuses_a_setting(failed) and all(getattr(s, p, None) == getattr(failed.strategy, p, None)
-                                              for p in failed.failure.params)
+def _shares_blamed_values(s: Strategy, failed: Trial) -> bool:
+    """Every parameter `failed`'s diagnosis blames has the same value in `s` — e.g. CP 2 without
+    Transformer Engine, when `failed` refused a setting (`_refuses_a_setting`)."""
+    return all(getattr(s, p, None) == getattr(failed.strategy, p, None) for p in failed.failure.params)
 
 
 def _setting_text(failed: Trial) -> str:
@@ -102,7 +101,7 @@ class _Failed:
     trial: Trial
     signature: str
     lasting: bool  # a failure of the configuration itself (not infrastructure, a hang, a timeout)
-    refused: bool  # `_refuses_a_setting`: `_same_refused_setting` may match
+    refused: bool  # `_refuses_a_setting`: a candidate sharing its blamed values is refused too
     oom_layout: tuple | None  # the parallel layout, when it ran out of memory
 
     @classmethod
@@ -196,11 +195,11 @@ class Guard:
         The analysis and the stopping rule each pass over the whole pool with the same trials and the
         same fit: the second pass reads the first's verdicts."""
         view = self._history_view(history, prior)
-        fit_id, static_of, cached = self.model.fit_id, self._static, view.verdicts
+        fit_id, cached = self.model.fit_id, view.verdicts
         out = []
         for s in candidates:
             sig = s.signature()
-            static = static_of.get(sig) or self._static_check(s)
+            static = self._static_check(s)
             if not static.admitted:
                 out.append(static)
                 continue
@@ -223,7 +222,7 @@ class Guard:
             t = f.trial
             if f.lasting and f.signature == sig and not retry:
                 return Verdict(False, "known-failure", f"failed before ({t.failure.summary})")
-            if f.refused and _same_refused_setting(s, t):
+            if f.refused and _shares_blamed_values(s, t):
                 return Verdict(False, "known-failure", f"shares {_setting_text(t)} with trial {t.index}, which "
                                                        f"the framework refused ({t.failure.summary})")
             # Both OOM rules below are about the OOM's own layout: one comparison rules most candidates out.
