@@ -67,6 +67,10 @@ async def open_checkpointer(database_url: str) -> AsyncIterator[BaseCheckpointSa
         async with aiosqlite.connect(target, timeout=30) as conn:
             await conn.execute("PRAGMA journal_mode=WAL")
             await conn.execute("PRAGMA busy_timeout=30000")
+            # As the pool's connections (optico.pool.db): with WAL, NORMAL syncs at WAL checkpoints, not
+            # at every commit; a power cut may lose the last checkpoints, never corrupt them, and a
+            # resume reads the job's progress from the pool, not from here.
+            await conn.execute("PRAGMA synchronous=NORMAL")
             saver = AsyncSqliteSaver(conn, serde=serde)
             await saver.setup()
             yield saver

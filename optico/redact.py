@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from functools import lru_cache
 from collections.abc import Iterable
 from typing import Any
 
@@ -47,6 +48,19 @@ _SHAPES = [
     re.compile(r"\b(?:glpat-[A-Za-z0-9_\-]{20,}|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_\-]{50,})"),
 ]
 _MIN_SECRET_LEN = 4  # shorter values would mask ordinary words and numbers
+# Texts up to this long have their shapes masked through a cache: a stored message repeats the same
+# keys and knob values hundreds of times, and each costs a dozen regular-expression passes.
+_CACHED_CHARS = 200
+
+
+def _mask_shapes(value: str) -> str:
+    for pattern in _SHAPES:
+        value = pattern.sub(lambda m: (m.group(1) if m.re.groups else "") + MASK, value)
+    return value
+
+
+# Keyed by the text alone: the shapes are constants, and known secret values are replaced before.
+_shapes_masked = lru_cache(maxsize=4096)(_mask_shapes)
 
 _registered: set[str] = set()
 _lock = threading.Lock()
@@ -115,9 +129,7 @@ class Redactor:
     def text(self, value: str) -> str:
         for secret in self._secrets:
             value = value.replace(secret, MASK)
-        for pattern in _SHAPES:
-            value = pattern.sub(lambda m: (m.group(1) if m.re.groups else "") + MASK, value)
-        return value
+        return _shapes_masked(value) if len(value) <= _CACHED_CHARS else _mask_shapes(value)
 
     def scrub(self, value: Any) -> Any:
         """`value` (str, list, dict, scalars) with every string redacted, keys included."""

@@ -89,16 +89,16 @@ def expected_improvement(mu: float, sd: float, best: float) -> float:
     return max(0.0, math.exp(mu + sd * sd / 2) * _phi(d + sd) - best * _phi(d))
 
 
-def _gain(b: Belief, best: float) -> float:
-    return b.fit * expected_improvement(b.log_mfu, b.log_mfu_sd, best) if b.fit >= MIN_FIT_CHANCE else 0.0
+def _gain(b: Belief, best: float, sd_factor: float = 1.0) -> float:
+    if b.fit < MIN_FIT_CHANCE:
+        return 0.0
+    return b.fit * expected_improvement(b.log_mfu, b.log_mfu_sd * sd_factor, best)
 
 
 def expected_gain(model: JobModel, s: Strategy, best: float | None = None, sd_factor: float = 1.0) -> float:
     """P(fit) times the expected MFU improvement of `s` over `best` (default: the incumbent), with the
     posterior's standard deviation times `sd_factor`."""
-    best = model.incumbent_mfu() if best is None else best
-    b = model.belief(s)
-    return _gain(b._replace(log_mfu_sd=b.log_mfu_sd * sd_factor) if sd_factor != 1.0 else b, best)
+    return _gain(model.belief(s), model.incumbent_mfu() if best is None else best, sd_factor)
 
 
 def expected_gain_of_launches(model: JobModel, candidates: Sequence[Strategy], best: float, k: int,

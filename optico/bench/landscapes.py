@@ -223,7 +223,7 @@ class Landscape:
         return JobModel(self.workload, load_constants(self.calibration))
 
     def summary(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "group": self.group, "calibration": self.calibration,
+        return {"name": self.name, "kind": self.kind, "group": self.group, "calibration": _shown(self.calibration),
                 "workload": self.workload.describe(),
                 "configurations": len(self.candidates),
                 "fitting": sum(1 for t in self.truth.values() if t.mfu is not None),
@@ -616,6 +616,20 @@ class ReplayDef(BaseModel):
                          make_launcher=lambda: ReplayLauncher(self.path, rows=base.rows), expert=expert,
                          expert_source=recipe.source if expert is not None and recipe else "",
                          replay_path=self.path, group=self.group, calibration=self.calibration)
+
+
+def _shown(path: str | None) -> str | None:
+    """A packaged file as its path inside the package's parent (`optico/bench/calibrations/...`): the
+    published results should not carry the absolute path of the machine that ran them."""
+    if path is None:
+        return None
+    try:
+        return Path(path).resolve().relative_to(_PACKAGE_PARENT).as_posix()
+    except ValueError:
+        return path
+
+
+_PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 
 
 def _replayed_row(launcher: ReplayLauncher, w: Workload, s: Strategy) -> ReplayRow:

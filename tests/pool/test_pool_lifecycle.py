@@ -291,6 +291,22 @@ def test_secrets_are_redacted_before_they_are_stored(store: SqlStore, monkeypatc
     assert "***" in done.log_excerpt and "***" in store.get_trial(trial.id).rationale
 
 
+def test_a_text_stored_before_it_became_a_secret_is_masked_once_it_is(store: SqlStore,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short texts go through a cache of masked credential shapes; a secret known later must still be
+    masked in them, and a shape masked from the cache is masked every time."""
+    job_id = store.create_job(make_spec())
+    store.claim_job("w", 60, job_id=job_id)
+    word, shaped = "nightly-7f3a", "Bearer abcdef0123456789"
+    for iteration in (1, 2):
+        store.add_message(job_id, iteration, "analysis", "output", {"tag": word, word: shaped}, worker="w")
+    monkeypatch.setenv("OPTICO_WEBHOOK_TOKEN", word)
+    store.add_message(job_id, 3, "analysis", "output", {"tag": word, word: shaped}, worker="w")
+    contents = [m.content for m in store.messages(job_id)]
+    assert contents[:2] == [{"tag": word, word: "Bearer ***"}] * 2
+    assert contents[2] == {"tag": "***", "***": "Bearer ***"}
+
+
 def test_service_stats_count_in_sql(store: SqlStore) -> None:
     job_id = put_in(store, S.RUNNING)
     put_in(store, S.QUEUED)
