@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 import re
 import threading
-from functools import lru_cache
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 MASK = "***"
