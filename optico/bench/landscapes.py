@@ -42,6 +42,7 @@ from optico.trial import FailureCategory, LaunchResult
 from optico.workload import PRESETS, Cluster, ModelArch, Workload
 
 PACKAGED_REPLAY = Path(__file__).resolve().parents[1] / "data" / "optico_llama3_8b_a100.csv"
+_PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # what published paths are relative to
 # A replay workload with fewer measured configurations than this is no search: skipped.
 MIN_REPLAY_CONFIGS = 4
 HANG_RATE = 0.02  # the simulator's default: NCCL watchdog timeouts and silent hangs
@@ -627,9 +628,6 @@ def _shown(path: str | None) -> str | None:
         return Path(path).resolve().relative_to(_PACKAGE_PARENT).as_posix()
     except ValueError:
         return path
-
-
-_PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 
 
 def _replayed_row(launcher: ReplayLauncher, w: Workload, s: Strategy) -> ReplayRow:
