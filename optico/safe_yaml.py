@@ -11,6 +11,8 @@ loader does, all before a single Python object is built:
   YAML 1.2 and JSON (YAML 1.1 reads an exponent without a dot as a string); `2024-01-01` stays a
   string, `!!binary`, `!!set` and custom tags are refused;
 - duplicate keys, which YAML forbids but PyYAML resolves silently (the last one wins);
+- YAML 1.1's surprises, which YAML 1.2 dropped: octal by a leading zero (`01000` is 512), base 60
+  (`1:30` is 90), booleans spelled `yes`/`no`/`on`/`off`;
 - magnitudes: integer literals beyond 64 bits, strings beyond `MAX_SCALAR_CHARS`, NUL
   characters (no path, argument or environment value may hold one).
 Every refusal is a `yaml.MarkedYAMLError`, so callers report it like a syntax error.
@@ -39,6 +41,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _SCALARS = yaml.constructor.SafeConstructor()  # reads a tagged scalar as YAML does, for the checks
 _TAGGED_KINDS = {_TAG + "int": "int", _TAG + "float": "float", _TAG + "bool": "bool"}
 _KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false"}
+_LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
 
 
 class YamlLimitError(yaml.MarkedYAMLError):
@@ -65,11 +68,18 @@ def _scalar_problem(node: ScalarNode) -> str | None:
     node.value = _joined(node.value)
     if _SURROGATE.search(node.value):  # "\ud800": no encoder (terminal, SQLite, JSON) takes it
         return "a value holds a lone surrogate (not a Unicode character)"
+    if node.tag in (_TAG + "int", _TAG + "float") and ":" in node.value:
+        # YAML 1.1's base 60 ("1:30" is 90, "1:30.5" is 90.5): a surprise, and unbounded by digits
+        return f"{node.value[:30]!r} is a base-60 number; write the number (or quote a string)"
     if node.tag == _TAG + "int":
-        if ":" in node.value:  # YAML 1.1's base 60 ("1:30" is 90): a surprise, and unbounded by digits
-            return f"{node.value[:30]!r} is a base-60 integer; write the number (or quote a string)"
+        if _LEADING_ZERO.match(node.value):  # YAML 1.1 reads "01000" as octal: 512
+            return f"{node.value[:30]!r} has a leading zero, which YAML 1.1 reads as octal; write the number " \
+                   f"without it (or quote a string)"
         if sum(c.isalnum() for c in node.value) > MAX_INT_DIGITS:
             return f"integer {node.value[:30]!r}... is too large"
+    if node.tag == _TAG + "bool" and node.value.lower() not in ("true", "false"):
+        # YAML 1.1's other spellings: "yes", "no", "on", "off" (a country code "NO" is false)
+        return f"{node.value[:30]!r} is a YAML 1.1 boolean; write true or false (or quote a string)"
     kind = _TAGGED_KINDS.get(node.tag)
     if kind is not None:
         try:  # an explicit tag on text it cannot read (`!!bool maybe`, `!!int` alone) raised a KeyError

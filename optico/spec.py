@@ -51,6 +51,7 @@ ABLATIONS: tuple[str, ...] = ("history", "failure-analysis", "cot", "confidence"
 
 MAX_SEED = 2**32 - 1  # numpy's generators take seeds in [0, 2**32)
 MAX_SECONDS = 30 * 24 * 3600.0  # a month: no single run or wait is longer
+MAX_PROGRAM_STEPS = 1_000_000  # steps of one trial: far beyond a measurement, within any counter
 MAX_TRIALS = 10_000
 MAX_GPU_HOURS = 1e9
 MAX_NAME_CHARS = 200
@@ -213,6 +214,17 @@ LIMITS: dict[str, tuple[float, float]] = {
     "launcher.hang_s": (0, MAX_SECONDS),
     "launcher.placement_timeout_s": (0, MAX_SECONDS),
     "launcher.num_cpus_per_node": (0, 4096),
+    # What each trial runs (`optico.programs`): a trial's steps and seed, bounded like the launcher's own.
+    "launcher.program.warmup": (0, MAX_PROGRAM_STEPS),
+    "launcher.program.max_steps": (1, MAX_PROGRAM_STEPS),
+    "launcher.program.min_steps": (1, MAX_PROGRAM_STEPS),
+    "launcher.program.cv_target": (0, 1),
+    "launcher.program.cv_window": (1, MAX_PROGRAM_STEPS),
+    "launcher.program.max_time_s": (0, MAX_SECONDS),
+    "launcher.program.seed": (0, MAX_SEED),
+    "launcher.program.train_iters": (1, MAX_PROGRAM_STEPS),
+    "launcher.program.warmup_iters": (0, MAX_PROGRAM_STEPS),
+    "launcher.program.log_interval": (1, MAX_PROGRAM_STEPS),
 }
 MAX_ENV_VARS = 512
 MAX_WORLD_SIZE = 1_048_576
@@ -511,6 +523,8 @@ def _launcher(raw: Any) -> LauncherSpec:
             raise SpecError(f"launcher.env.{name}", OWN_REASON)
     for key in ("data", "address", "run_dir", "framework_version"):
         _check_text(getattr(launcher, key), f"launcher.{key}")
+    for key in ("python", "cwd"):
+        _check_text(getattr(launcher.program, key, None), f"launcher.program.{key}")
     return launcher
 
 

@@ -51,6 +51,7 @@ def write_hostile_calibrations(folder: Path) -> dict[str, Path]:
         "nan": '{"gemm_efficiency": NaN}',
         "infinity": '{"gemm_efficiency": Infinity}',
         "unknown key": '{"warp_factor": 9}',
+        "duplicate key": '{"gemm_efficiency": 0.5, "gemm_efficiency": 0.9}',  # was: the last one won
         "wrong type": '{"gemm_efficiency": "0.8"}',
         "out of bounds": '{"gemm_efficiency": 5.0}',
         "too deep": "[" * 100_000 + "]" * 100_000,
@@ -120,6 +121,35 @@ def test_report_escapes_a_hostile_header(tmp_path):
     assert "\x1b" not in proc.stdout + proc.stderr and "\x07" not in proc.stdout
     assert "columns ignored: x\\x1b]0;pwned" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "2e6"])
+def test_a_prior_weight_out_of_range_says_why(tmp_path, value):
+    # NaN passed click's range check and was refused as "less than or equal to 1000000".
+    proc = perfmodel(tmp_path, "calibrate", "--data", str(PACKAGED_OPTICO_CSV), f"--prior={value}")
+    assert_one_line_error(proc, "--prior", "must be a finite number from 0 to 1e+06")
+
+
+def test_report_redacts_a_secret_in_a_cell(tmp_path):
+    # A cell is the file's text: a key pasted into it was printed in full, in the report and the summary.
+    import csv
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(PACKAGED_OPTICO_CSV.read_text())))
+    secret = "Tr0ub4dor-horse-battery-staple"
+    rows[0]["gpu"], rows[1]["gpu"] = "OPENAI_API_KEY=sk-proj-abcdefghijklmnopqrstuvwxyz012345", secret
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    path = tmp_path / "secret.csv"
+    path.write_text(out.getvalue())
+    for extra in (["--json"], ["--report"]):
+        proc = perfmodel(tmp_path, "evaluate", "--data", str(path), *extra, env={"OPENAI_API_KEY": secret})
+        assert proc.returncode == 0, proc.stderr
+        text = proc.stdout + proc.stderr
+        assert "sk-proj-abc" not in text and secret not in text
+    assert "unknown GPU 'OPENAI_API_KEY=***'" in text  # the --report run's skipped rows, masked
 
 
 @pytest.mark.parametrize("label", ["not json", "nan", "too deep", "unknown key", "out of bounds", "too large",

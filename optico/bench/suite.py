@@ -144,6 +144,8 @@ def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
         # A library caller: one unreadable file does not abort the benchmark; say so, run the rest.
         print(terminal_text(f"warning: {OPTION}: {reason}; skipped", one_line=True), file=sys.stderr)
         return []
+    if strict:
+        _warn_malformed(path)
     if not found:
         reason = (f"{path} has no workload with enough measured configurations (at least {MIN_REPLAY_CONFIGS} "
                   f"usable rows of one workload, one of them a run that finished)")
@@ -151,6 +153,19 @@ def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
             raise SpecError(OPTION, reason)
         print(terminal_text(f"warning: {OPTION}: {reason}; skipped", one_line=True), file=sys.stderr)
     return found
+
+
+def _warn_malformed(path: Path) -> None:
+    """Says which rows of a named file are broken (a cell that is no value, more fields than the
+    header): the benchmark leaves them out, where a spec's own replay file is refused for them."""
+    from optico.redact import redact
+    from optico.replay_csv import read_replay_csv
+
+    broken = [row for row in read_replay_csv(path) if row.malformed]
+    if broken:
+        first = broken[0]
+        print(terminal_text(redact(f"warning: {OPTION}: {len(broken)} malformed row(s) of {path} left out "
+                                   f"({first.where}: {first.skip_reason})"), one_line=True), file=sys.stderr)
 
 
 def _group(d: LandscapeDef) -> str:

@@ -16,6 +16,7 @@ from rich.table import Table
 from optico.cli.common import MoreFilesArgument, check_output_path, console, err, fail, files_by_option, require_files
 from optico.errors import SpecError, first_line
 from optico.perfmodel.constants import CALIBRATION_ENV, Constants, load_constants, read_calibration
+from optico.redact import redact
 from optico.textsafe import markup, rich_text, terminal_text
 
 perf_app = typer.Typer(no_args_is_help=True, help="The analytic performance model.")
@@ -29,7 +30,7 @@ def _figures_table(title: str, report: dict[str, Any]) -> Table:
 
     for name, f in [*report["files"].items(), ("overall", report["overall"])]:
         read = f["rows"] - f["skipped"]
-        table.add_row(rich_text(name, one_line=True), str(f["rows"]),
+        table.add_row(rich_text(redact(name), one_line=True), str(f["rows"]),
                       f"{read} ({read / f['rows']:.0%})" if f["rows"] else "0",
                       pct(f["oom_accuracy"]), pct(f["mfu_median_ape"]), pct(f["mem_median_ape"]),
                       "-" if f["spearman"] is None else f"{f['spearman']:.2f}")
@@ -86,9 +87,14 @@ def _write_failed(path: Path, option: str, exc: OSError) -> None:
     fail(SpecError(option, f"cannot write {path}: {exc.strerror or exc}"))
 
 
-def _finite(value: float, option: str) -> None:
-    if not math.isfinite(value):
-        fail(SpecError(option, f"must be a finite number, got {value}"))
+MAX_PRIOR = 1e6
+
+
+def _prior_weight(value: float, option: str = "--prior") -> None:
+    # Checked here, not by the option's min/max: click's range check let NaN through to a message
+    # that blamed the upper bound.
+    if not (math.isfinite(value) and 0 <= value <= MAX_PRIOR):
+        fail(SpecError(option, f"must be a finite number from 0 to {MAX_PRIOR:g}, got {value}"))
 
 
 StrictOption = typer.Option(False, "--strict", help="A row that cannot be read is an error (default: skipped "
@@ -127,19 +133,20 @@ def perfmodel_evaluate(
         fail(SpecError("--data", first_line(exc)))
     if report_rows:
         for _, (_, file_report) in tables:
-            # Headers, cells and file names are the file's: every line escaped for the terminal.
-            text = "\n".join(terminal_text(line, one_line=True) for line in file_report.text(max_rows=20).split("\n"))
+            # Headers, cells and file names are the file's: every line redacted and escaped for the terminal.
+            text = "\n".join(terminal_text(redact(line), one_line=True)
+                             for line in file_report.text(max_rows=20).split("\n"))
             console.print(text, highlight=False, markup=False, emoji=False)
     if as_json:
-        print(json.dumps({"files": report["files"], "overall": report["overall"]}, indent=2))
+        print(redact(json.dumps({"files": report["files"], "overall": report["overall"]}, indent=2)))
         return
     console.print(_figures_table("performance model vs measurements", report))
     for name, d in report["details"].items():
         if d["skip_reasons"]:
             reasons = ", ".join(f"{k} ({v})" for k, v in list(d["skip_reasons"].items())[:4])
-            console.print(f"[dim]{markup(name)}: skipped — {markup(reasons)}[/]", highlight=False)
+            console.print(f"[dim]{markup(redact(name))}: skipped — {markup(redact(reasons))}[/]", highlight=False)
         if d.get("mfu_unscored_not_tuned") and name != "overall":
-            console.print(f"[dim]{markup(name)}: MFU not scored on {d['mfu_unscored_not_tuned']} rows whose times are "
+            console.print(f"[dim]{markup(redact(name))}: MFU not scored on {d['mfu_unscored_not_tuned']} rows whose times are "
                           f"not tuned throughput (memory and fit/OOM are)[/]", highlight=False)
 
 
@@ -184,7 +191,7 @@ def perfmodel_calibrate(
     start: Optional[str] = typer.Option(None, "--start", metavar="defaults|FILE.json",
                                         help="Constants to start from: 'defaults' (uncalibrated) or a JSON file "
                                              "(default: the calibration in use)."),
-    prior: float = typer.Option(1.0, "--prior", min=0.0, max=1e6, metavar="W",
+    prior: float = typer.Option(1.0, "--prior", metavar="W",
                                 help="Pull of each constant toward its start (0 = none)."),
 ) -> None:
     """Fit the model's free constants to measured rows; report evaluate's figures before and after."""
@@ -193,7 +200,7 @@ def perfmodel_calibrate(
     extra = files_by_option(ctx, more, ("--data", "--holdout"))
     data = [*data, *extra["--data"]]
     holdout = [*(holdout or []), *extra["--holdout"]]
-    _finite(prior, "--prior")
+    _prior_weight(prior)
     _check_fields(field or [])
     require_files("--data", data)
     require_files("--holdout", holdout)
@@ -246,7 +253,7 @@ def perfmodel_crossvalidate(
     data: list[Path] = typer.Option(..., "--data", help="Replay CSV files, one source each (at least two)."),
     more: Optional[list[Path]] = MoreFilesArgument,
     max_evals: int = typer.Option(40, "--max-evals", min=1, max=100_000, help="Least-squares evaluations per fold."),
-    prior: float = typer.Option(1.0, "--prior", min=0.0, max=1e6,
+    prior: float = typer.Option(1.0, "--prior",
                                 help="Pull of each constant toward its start (0 = none)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the figures (and each fold's constants) as JSON."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
@@ -256,7 +263,7 @@ def perfmodel_crossvalidate(
     from optico.perfmodel.calibrate import leave_one_source_out
 
     data = [*data, *(more or [])]
-    _finite(prior, "--prior")
+    _prior_weight(prior)
     require_files("--data", data)
     if len(data) < 2:
         fail(SpecError("--data", "leave-one-source-out needs at least two files"))
@@ -280,6 +287,6 @@ def perfmodel_crossvalidate(
         except OSError as exc:
             _write_failed(out, "--out", exc)
     if as_json:
-        print(json.dumps({"files": report["files"], "overall": report["overall"]}, indent=2))
+        print(redact(json.dumps({"files": report["files"], "overall": report["overall"]}, indent=2)))
         return
     console.print(_figures_table("leave-one-source-out (each file scored by constants fitted without it)", report))

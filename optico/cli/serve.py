@@ -61,14 +61,17 @@ def serve(
     log_level = log_level.lower()
     settings = _settings(database)
     count = 0 if no_worker else (settings.workers if workers is None else workers)
-    store, _ = open_store(settings.database_url)  # migrates the schema before the first request
+    no_token = (f"--host {host}: no API token exists, so nobody could use the API; create one first with "
+                f"`optico token create NAME --scope write`")
+    # Beyond loopback a pool must already hold a token, so a refusal creates no pool; on loopback the
+    # first serve creates it (and migrates the schema before the first request).
+    store, _ = open_store(settings.database_url, absent=None if _loopback(host) else no_token)
     try:
         no_tokens = not any(t.revoked_at is None for t in store.tokens())
     finally:
         store.close()
     if not _loopback(host) and no_tokens:
-        fail(f"--host {host}: no API token exists, so nobody could use the API; create one first with "
-             f"`optico token create NAME --scope write`")
+        fail(no_token)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     console.print(f"optico serve on http://{host}:{port} — {count} worker(s), pool {redact(store.url)}",
                   highlight=False)

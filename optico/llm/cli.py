@@ -52,22 +52,24 @@ def check(as_json: bool = typer.Option(False, "--json", help="Print the report a
     the settings are incomplete."""
     from optico.llm.client import ChatClient, EndpointError
     from optico.llm.settings import load_settings
+    from optico.redact import redact
+    from optico.terminal import fail
+    from optico.textsafe import markup
 
-    out, err = Console(emoji=False), Console(stderr=True, emoji=False)
     try:
         client = ChatClient(load_settings())
     except ValueError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(str(exc))
     try:
         report = endpoint_report(client)
     except EndpointError as exc:
-        err.print(f"[bold red]error:[/] {client.endpoint} ({client.model}): {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+        # The endpoint's error text, the model name and the answer are someone else's: `fail` and
+        # `markup` show them literally (a "[/x]" is not Rich markup, an ESC does not reach the terminal).
+        fail(f"{client.endpoint} ({client.model}): {exc}", code=1)
     finally:
         client.close()
     if as_json:
-        print(json.dumps(report, indent=2))
+        print(redact(json.dumps(report, indent=2)))
         return
     schema = {True: "supported", False: f"not supported (answers requested as {report['structured_output']})",
               None: f"not tested (OPTICO_LLM_STRUCTURED_OUTPUT={report['structured_output']})"}[report["json_schema"]]
@@ -87,4 +89,5 @@ def check(as_json: bool = typer.Option(False, "--json", help="Print the report a
     ]
     for note in report["notes"]:
         lines.append(f"note         {note}")
-    out.print("\n".join(lines), highlight=False, soft_wrap=True)
+    Console(emoji=False).print("\n".join(markup(redact(line), one_line=True) for line in lines),
+                               highlight=False, soft_wrap=True)

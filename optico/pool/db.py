@@ -50,6 +50,11 @@ def normalize_url(url: str | URL) -> URL:
     if backend != "sqlite":
         raise ValueError(f"database URL {parsed.render_as_string(hide_password=True)!r}: unsupported backend "
                          f"{backend!r}; use sqlite:///PATH or postgresql://USER@HOST/DB")
+    if parsed.query:
+        # With options SQLite may open another file than the path we make private and hand to the
+        # checkpointer (`?uri=true&cache=shared` put the pool in "pool.db?cache=shared", mode 0644).
+        raise ValueError(f"a SQLite URL takes no options (?{'&'.join(sorted(parsed.query))}): the pool sets its "
+                         f"own; use sqlite:///PATH")
     return parsed
 
 

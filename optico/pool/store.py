@@ -49,7 +49,13 @@ TOKEN_SCOPES = ("read", "write")
 
 def token_name_problem(name: str) -> str | None:
     """Why `name` cannot name an API token, or None (the CLI asks before it opens the pool)."""
-    return None if name and len(name) <= 128 and name.isprintable() else "1 to 128 printable characters"
+    if not (name and len(name) <= 128 and name.isprintable()):
+        return "1 to 128 printable characters"
+    if redact.redact(name) != name:
+        # Stored as it is, a key pasted as a name would be listed to everyone who reads tokens; stored
+        # masked, `token revoke NAME` could not find it.
+        return "looks like a secret (it would be shown as ***); choose another name"
+    return None
 
 # Wall-time histogram buckets of finished trials (seconds), for /metrics.
 DURATION_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0)

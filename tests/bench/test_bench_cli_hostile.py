@@ -220,6 +220,19 @@ def test_select_landscapes_strict_raises_spec_error_naming_landscape(tmp_path: P
         select_landscapes("replay", [tmp_path / f"{LONG}.csv"])
 
 
+def test_a_named_table_s_broken_rows_are_left_out_with_a_warning(tmp_path: Path, capsys):
+    # A spec's own replay file is refused for such a row; the benchmark leaves it out, and said nothing.
+    path = write_table(tmp_path / "ragged.csv")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines, lines[-1] + ",extra"]) + "\n")
+    defs = select_landscapes("replay", [path], strict=True)
+    assert any("ragged" in d.name for d in defs)
+    warning = capsys.readouterr().err
+    assert f"--landscape: 1 malformed row(s) of {path} left out (ragged.csv:{len(lines) + 1}:" in warning
+    select_landscapes("replay", [write_table(tmp_path / "clean.csv")], strict=True)
+    assert "malformed" not in capsys.readouterr().err
+
+
 def test_a_file_name_with_escapes_gives_an_escaped_landscape_name(tmp_path: Path):
     defs = replay_defs(write_table(tmp_path / "t\x1b[31m\nx.csv"))
     assert defs and all("\x1b" not in d.name and "\n" not in d.name for d in defs)

@@ -155,7 +155,15 @@ TEXT_CASES = [
          "reasoner.require_llm"),
     Case("an emoji key over a bad value", (good_yaml() + 'launcher: {runtime_env: {"\\ud83e\\udd99": 1e999}}\n')
          .encode(), "launcher.runtime_env.\U0001f999"),
-    Case("boolean key", good_yaml().replace("precision: bf16", "precision: bf16\n  yes: 1").encode(), "spec.yaml"),
+    Case("boolean key", good_yaml().replace("precision: bf16", "precision: bf16\n  true: 1").encode(), "spec.yaml"),
+    Case("yes as a key", good_yaml().replace("precision: bf16", "precision: bf16\n  yes: 1").encode(), "workload"),
+    # YAML 1.1's surprises (YAML 1.2 dropped them): read silently, they changed the job that ran.
+    Case("octal by a leading zero", good_yaml().replace("global_batch_size: 512", "global_batch_size: 01000")
+         .encode(), "workload.global_batch_size"),
+    Case("base-60 float", (good_yaml() + "budget: {gpu_hours: 1:30.5}\n").encode(), "budget.gpu_hours"),
+    Case("yes for true", good_yaml().replace("use_distributed_optimizer: true", "use_distributed_optimizer: yes")
+         .encode(), "search_space.fixed.use_distributed_optimizer"),
+    Case("on for true", (good_yaml() + "reasoner: {require_llm: on}\n").encode(), "reasoner.require_llm"),
     Case("integer key", (good_yaml() + "1: one\n").encode(), "spec.yaml"),
     Case("unclosed flow", b"workload: [unclosed\n", "spec.yaml"),
 ]
@@ -246,6 +254,19 @@ FIELD_CASES: list[tuple[str, Any, str]] = [
     ("launcher", {"program": {"kind": "nemo"}}, "launcher.program"),
     ("launcher", {"kind": "local", "program": {"kind": "megatron-lm"}}, "launcher.program"),
     ("launcher", {"max_infra_retries": 10**6}, "launcher.max_infra_retries"),
+    # What each trial runs: its steps, time and seed are bounded like the launcher's own (the bad value
+    # first: a case's id is the value's first characters).
+    ("launcher", {"program": {"max_time_s": 1e300, "kind": "megatron-core"}, "kind": "local"},
+     "launcher.program.max_time_s"),
+    ("launcher", {"program": {"seed": -9 * 10**18, "kind": "megatron-core"}, "kind": "local"}, "launcher.program.seed"),
+    ("launcher", {"program": {"max_steps": 9 * 10**18, "kind": "megatron-core"}, "kind": "local"},
+     "launcher.program.max_steps"),
+    ("launcher", {"program": {"cv_target": 1e300, "kind": "megatron-core"}, "kind": "local"},
+     "launcher.program.cv_target"),
+    ("launcher", {"program": {"python": "/tmp/evil\x1b[31m", "kind": "megatron-core"}, "kind": "local"},
+     "launcher.program.python"),
+    ("launcher", {"program": {"train_iters": 10**12, "kind": "megatron-lm", "command": ["pretrain_gpt.py"]},
+                  "kind": "local"}, "launcher.program.train_iters"),
     ("reasoner", "magic", "reasoner.analysis"),
     ("reasoner", {"analysis": [1]}, "reasoner.analysis"),
     ("calibration", 12, "calibration"),

@@ -47,6 +47,9 @@ ARGS = [
     ("sqlite in memory", lambda s, t: ["tune", s, "--database", "sqlite://"], "--database"),
     ("sqlite in memory, URI form", lambda s, t: ["tune", s, "--database", "sqlite:///file:x?mode=memory&uri=true"],
      "--database"),
+    # With options SQLite opened "pool.db?cache=shared" (mode 0644) beside the private pool.db.
+    ("sqlite URL with options", lambda s, t: ["tune", s, "--database", f"sqlite:///{t}/pool.db?cache=shared&uri=true"],
+     "--database"),
     ("token list in memory", lambda s, t: ["token", "list", "--database", "sqlite:///:memory:"], "--database"),
     ("postgres server not there", lambda s, t: ["tune", s, "--database", "postgresql://u:s3cret@127.0.0.1:1/x"],
      "--database"),
@@ -129,6 +132,14 @@ def test_hostile_arguments_are_refused_in_one_line(case, spec: str, tmp_path: Pa
     outcome = run_in_process(argv(spec, tmp_path))
     assert_refused(outcome, pool_env, field)
     assert "hunter2" not in outcome.stderr and "s3cret" not in outcome.stderr  # passwords never printed
+
+
+def test_a_sqlite_url_with_options_creates_no_file(spec: str, tmp_path: Path, pool_env: Path):
+    # SQLAlchemy opened "pool.db?cache=shared" (0644, the whole pool) beside the private pool.db (the
+    # checkpointer's): the pool split in two, one of them readable by everyone.
+    outcome = run_in_process(["tune", spec, "--database", f"sqlite:///{tmp_path}/pool.db?cache=shared&uri=true"])
+    assert_refused(outcome, pool_env, "--database")
+    assert "takes no options" in outcome.stderr and not list(tmp_path.glob("pool.db*"))
 
 
 def test_the_table_is_large_enough():

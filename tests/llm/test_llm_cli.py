@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import yaml
+from fake_openai import Reply
 from llm_testkit import API_KEY, EXAMPLE
 from typer.testing import CliRunner
 
@@ -104,6 +105,27 @@ def test_llm_check_fails_cleanly(fake_llm, monkeypatch):
     unset = runner.invoke(app, ["llm", "check"])
     assert unset.exit_code == 2 and "OPTICO_LLM_MODEL is not set" in unset.output
 
+
+
+HOSTILE = "x\x1b[31mEVIL[/x]\u202e"  # an ESC sequence, a Rich closing tag, a bidi override
+
+
+def test_llm_check_shows_what_the_endpoint_says_literally(fake_llm, monkeypatch):
+    # The endpoint is someone else's: its error text and the model it reports are shown, never
+    # obeyed — a "[/x]" raised MarkupError (a traceback, exit 1) and an ESC reached the terminal.
+    fake_llm(lambda call: Reply(status=400, error=f"bad request {HOSTILE}"))
+    failed = runner.invoke(app, ["llm", "check"])
+    assert failed.exit_code == 1, failed.output
+    assert len(failed.output.strip().splitlines()) == 1, failed.output
+    assert "\x1b" not in failed.output and "\u202e" not in failed.output
+    assert "bad request x\\x1b[31mEVIL[/x]\\u202e" in failed.output
+
+    fake_llm()
+    monkeypatch.setenv("OPTICO_LLM_MODEL", HOSTILE)  # the fake server answers as the model asked for
+    ok = runner.invoke(app, ["llm", "check"])
+    assert ok.exit_code == 0, ok.output
+    assert "\x1b" not in ok.output and "\u202e" not in ok.output
+    assert "answered as x\\x1b[31mEVIL[/x]\\u202e" in ok.output
 
 def test_tune_refuses_an_llm_job_without_settings(db_url: str, monkeypatch):
     monkeypatch.delenv("OPTICO_LLM_MODEL", raising=False)

@@ -451,6 +451,7 @@ def test_a_non_loopback_host_needs_a_token_to_exist(tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no API token exists" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "empty.db").exists()  # refused: no pool created (it was, migrated)
 
 
 def test_odd_but_well_formed_requests_get_4xx_not_500(served: tuple[Service, dict[str, str]]):
@@ -467,6 +468,10 @@ def test_odd_but_well_formed_requests_get_4xx_not_500(served: tuple[Service, dic
         response = http.patch(f"/api/v1/jobs/{job['id']}", content=body, headers={"Content-Type": "application/json"})
         assert response.status_code == 422, (body, response.status_code, response.text[:200])
         assert response.json()["detail"][0]["loc"][-1] in ("gpu_hours", "max_trials"), body
+    # A non-finite number in a query says so (it said "less than or equal to 1e16").
+    for value in ("nan", "inf"):
+        response = http.get(f"/api/v1/jobs/{job['id']}/report", params={"tokens": value})
+        assert response.status_code == 422 and response.json()["detail"][0]["msg"] == "Input should be a finite number"
     # A JSON body as json.dumps writes small floats ("1e-05") is a number, not a string.
     small = spec("exponent", max_trials=1, noise=0.00001)
     made = http.post("/api/v1/jobs", content=json.dumps(small), headers={"Content-Type": "application/json"})

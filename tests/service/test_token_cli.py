@@ -54,6 +54,9 @@ def test_create_list_revoke(home, monkeypatch: pytest.MonkeyPatch):
 
 @pytest.mark.parametrize("argv, says", [
     (["token", "create", "", "--scope", "read"], "error: name: 1 to 128 printable characters"),
+    # A key pasted as the name was printed, stored and listed in full.
+    (["token", "create", "OPENAI_API_KEY=sk-abcdefghijklmnop1234", "--scope", "read"],
+     "error: name: looks like a secret"),
     (["token", "revoke", "nobody"], "error: token: no token named 'nobody'"),
     (["jobs", "show", "5"], "error: JOB_ID: no job 5"),
     (["schedule", "show", "nope"], "error: schedule: no schedule named 'nope'"),

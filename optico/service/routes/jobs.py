@@ -181,7 +181,7 @@ def patch_job(_: WriteToken, job: JobDep, body: BudgetPatch, store: StoreDep) ->
                                                   "description": "The report (JSON or Markdown)."}, **ERRORS})
 def get_report(_: ReadToken, job: JobDep, store: StoreDep,
                format_: Annotated[Literal["json", "markdown"], Query(alias="format")] = "json",
-               tokens: Annotated[float | None, Query(gt=0, le=1e16, description="A training budget in tokens: "
+               tokens: Annotated[float | None, Query(gt=0, le=1e16, allow_inf_nan=False, description="A training budget in tokens: "
                                                      "GPU-hours it takes with the baseline and the best.")] = None):
     """The best configuration as Megatron-LM flags and a launch script, improvement over the baseline,
     the path of changes with the reason for each, failures with their diagnoses, GPU-hours spent and saved."""
