@@ -48,7 +48,7 @@ from optico.guard import Guard
 from optico.launchers.base import Launcher
 from optico.perfmodel.online import JobModel
 from optico.pool.contract import Store
-from optico.pool.lifecycle import JobStatus
+from optico.pool.lifecycle import JobStatus, NoNewTrial
 from optico.redact import clip
 from optico.spec import JobSpec
 from optico.strategy import Strategy
@@ -177,7 +177,13 @@ async def validate(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState
     ctx, job_id, index = runtime.context, state["job_id"], state["next_index"]
     strategy = Strategy.model_validate(state["candidate"])
     rationale = state.get("rationale", "")
-    trial = ctx.store.start_trial(job_id, index, strategy, rationale, worker=ctx.worker)
+    try:
+        trial = ctx.store.start_trial(job_id, index, strategy, rationale, worker=ctx.worker)
+    except NoNewTrial as refused:
+        # Stopped or cancelled while the agents chose this trial: nothing is launched, the job ends.
+        reason = "cancelled" if refused.status is JobStatus.CANCELLED else \
+            ctx.store.get_job(job_id).stop_reason or "stopped on request"
+        return {"stop_reason": reason}
     if trial.status == TrialStatus.RUNNING and trial.attempts >= MAX_LAUNCHES:
         # Its worker died during every allowed launch: record it lost rather than risk a third.
         reason = f"its worker died during {trial.attempts} launches"
@@ -350,7 +356,9 @@ def complete_job(store: Store, job_id: int, worker: str, reason: str, *, on_even
 
 # -- routing -----------------------------------------------------------------------
 
-def after_validate(state: LoopState, runtime: Runtime[LoopContext]) -> Literal["diagnose", "record"]:
+def after_validate(state: LoopState, runtime: Runtime[LoopContext]) -> Literal["diagnose", "record", "finish"]:
+    if state.get("stop_reason"):
+        return "finish"  # no trial was started (the job was stopped meanwhile)
     trials = runtime.context.store.trials(state["job_id"], after_index=state["next_index"] - 2)
     last = next(t for t in trials if t.index == state["next_index"] - 1)
     return "diagnose" if last.status == TrialStatus.FAILED else "record"
@@ -373,7 +381,8 @@ def build_graph() -> StateGraph:
         g.add_node(name, fn)
     g.add_edge(START, "seed")
     g.add_conditional_edges("seed", launch_or_finish, {"validate": "validate", "finish": "finish"})
-    g.add_conditional_edges("validate", after_validate, {"diagnose": "diagnose", "record": "record"})
+    g.add_conditional_edges("validate", after_validate, {"diagnose": "diagnose", "record": "record",
+                                                         "finish": "finish"})
     g.add_edge("diagnose", "record")
     g.add_conditional_edges("record", after_record, {"finish": "finish", "validate": "validate",
                                                      "analyze": "analyze"})

@@ -144,6 +144,35 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, cli_env: dict):
     assert [t["metrics"] for t in reference["trials"]] == [t["metrics"] for t in result["trials"]]
 
 
+def test_sigterm_of_a_stopping_tune_says_how_the_job_ended(tmp_path: Path, cli_env: dict):
+    """`jobs stop`, then SIGTERM during the running trial: the job ends stopped, and tune said it was
+    "resumable with optico tune --resume" (a resume of it is refused: it succeeded)."""
+    spec_text = (EXAMPLES / "llama3-8b-a100.yaml").read_text().replace(
+        "budget: {max_trials: 20}", "budget: {max_trials: 6, converge_tol: null}").replace(
+        "launcher: {kind: sim}", "launcher: {kind: sim, trial_seconds: 3.0, hang_rate: 0.0}")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(spec_text)
+    db = tmp_path / "pool.db"
+    proc = subprocess.Popen(optico_cmd("tune", str(spec)), env=cli_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 180
+    while not _running_trial(db, 2):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "trial 2 never started"
+        time.sleep(0.1)
+    stopped = subprocess.run(optico_cmd("jobs", "stop", "1"), env=cli_env, capture_output=True, text=True,
+                             timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    store = SqlStore(f"sqlite:///{db}")
+    job = store.get_job(1)
+    store.close()
+    assert job.status is JobStatus.SUCCEEDED and job.stop_reason.startswith("stopped on request")
+    assert "resumable" not in stderr and "interrupted: job 1 is succeeded (stopped on request" in stderr, stderr
+
+
 # A space of ~95,000 configurations of a model with up to 1,024 pipeline stages: predicting it takes
 # the seeding agent's thread many minutes, which SIGTERM could not stop (the process waited for it).
 HUGE = """
@@ -353,6 +382,31 @@ def test_a_stopping_job_whose_worker_stops_ends_as_stopped_not_resumed(db_url: s
     job = store.get_job(job_id)
     assert job.status.value == "succeeded" and job.stop_reason.startswith("stopped on request")
     assert [t.status for t in store.trials(job_id)] == [TrialStatus.OK, TrialStatus.LOST] and job.lease_owner is None
+    store.close()
+
+
+@pytest.mark.parametrize("request_to", [JobStatus.STOPPING, JobStatus.CANCELLED])
+def test_a_stop_or_cancel_while_the_agents_choose_starts_no_new_trial(db_url: str, request_to: JobStatus):
+    """The stop lands after trial 2, while the agents choose trial 3 (with an LLM, minutes of round-trips):
+    trial 3 was launched anyway, and after a cancel its result was recorded on the cancelled job."""
+    spec = load_spec(EXAMPLES / "llama3-8b-a100.yaml")
+    spec = spec.model_copy(update={"budget": spec.budget.model_copy(update={"max_trials": 6, "converge_tol": None})})
+    store = SqlStore(db_url)
+    job_id = store.create_job(spec)
+
+    def on_event(kind: str, payload: dict) -> None:
+        # The guard admitted trial 3's configuration: the next step would launch it.
+        if kind == "agent" and payload["agent"] == "guard" and payload["iteration"] == 3:
+            store.transition(job_id, request_to, reason="stopped on request (test)")
+
+    run_job(store, db_url, job_id, on_event=on_event)
+    job = store.get_job(job_id)
+    assert [t.index for t in store.trials(job_id)] == [1, 2]
+    assert all(t.status == TrialStatus.OK for t in store.trials(job_id))
+    expected = JobStatus.CANCELLED if request_to is JobStatus.CANCELLED else JobStatus.SUCCEEDED
+    assert job.status is expected and job.lease_owner is None
+    kinds = [e.kind for e in store.events(job_id)]
+    assert kinds.count("trial_started") == 2 and kinds.count("job_done") == 1
     store.close()
 
 

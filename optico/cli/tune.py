@@ -268,7 +268,14 @@ def tune(
         except (LeaseHeld, IllegalTransition) as exc:
             fail(str(exc))
         except KeyboardInterrupt as exc:
-            err.print(f"interrupted: job {job_id} is resumable with `optico tune --resume {job_id}`")
+            # Said from the pool, not assumed: a job already stopping ends stopped, not resumable.
+            ended = store.get_job(job_id)
+            if ended.status is JobStatus.INTERRUPTED:
+                err.print(f"interrupted: job {job_id} is resumable with `optico tune --resume {job_id}`")
+            else:
+                err.print(f"interrupted: job {job_id} is {ended.status.value}"
+                          + (f" ({markup(ended.stop_reason, one_line=True)})" if ended.stop_reason else ""),
+                          highlight=False)
             raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
         result = job_result(store, job_id)
         summary(result, console)

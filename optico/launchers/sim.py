@@ -36,6 +36,7 @@ from optico.workload import Workload
 ENV_FRAMEWORK_VERSION = "OPTICO_SIM_FRAMEWORK_VERSION"
 STARTUP_S = 90.0  # model build, NCCL init, data loader: paid by every real launch
 WARMUP_STEPS, TIMED_STEPS = 3, 10
+NCCL_WATCHDOG_S = 600.0  # NCCL's default collective timeout: what ends a hung run nobody else kills
 
 
 def _rng(*parts: object) -> np.random.Generator:
@@ -173,15 +174,22 @@ class SimLauncher(Launcher):
             return LaunchResult(ok=False, log=log, exit_code=1, duration_s=STARTUP_S, gpu_seconds=STARTUP_S * world,
                                 fingerprint=fingerprint)
         if draw < self.infra_rate + self.hang_rate:
-            hang_s = 600.0
-            if run_rng.random() < 0.5:
+            # A hung run prints nothing more: NCCL's watchdog ends it, or the spec's own limits first (no
+            # output for `hang_s`, `timeout_s` of wall clock), as they would a real run (they were ignored:
+            # every hang cost 600 s of the GPU-hour budget whatever the spec said).
+            wall_left = max(0.0, self.timeout_s - STARTUP_S)
+            hang_s = min(NCCL_WATCHDOG_S, self.hang_s, wall_left)
+            tail = f" iteration        2/      13 | elapsed time per iteration (ms): {pred.step_time_s * 1e3:.1f}\n"
+            if run_rng.random() < 0.5 and hang_s == NCCL_WATCHDOG_S:
                 log = (f"[rank{world - 1}]:[E1122 12:00:00 ProcessGroupNCCL.cpp:616] [Rank {world - 1}] Watchdog "
                        f"caught collective operation timeout: WorkNCCL(SeqNum=4211, OpType=ALLREDUCE, "
                        f"Timeout(ms)=600000) ran for 600081 milliseconds before timing out.")
                 hint = None
+            elif hang_s == wall_left and wall_left < min(NCCL_WATCHDOG_S, self.hang_s):
+                log = tail + f"run killed: wall-clock limit of {self.timeout_s:g} s reached (hang)"
+                hint = FailureCategory.HANG
             else:
-                log = f" iteration        2/      13 | elapsed time per iteration (ms): {pred.step_time_s * 1e3:.1f}\n" \
-                      f"no output for {hang_s:.0f} s: run killed (hang)"
+                log = tail + f"no output for {hang_s:.0f} s: run killed (hang)"
                 hint = FailureCategory.HANG
             return LaunchResult(ok=False, log=log, exit_code=-9, duration_s=STARTUP_S + hang_s,
                                 gpu_seconds=(STARTUP_S + hang_s) * world, fingerprint=fingerprint,

@@ -4,7 +4,7 @@ A trial runs the user's program (or our driver) with whatever it prints captured
 and shown to an LLM, so it must not inherit the worker's environment wholesale: that holds the
 LLM key, the database URL with its password, API tokens. It gets
 1. the variables torchrun, NCCL, CUDA/ROCm, Transformer Engine and the Python runtime need
-   (names and prefixes below), minus any whose value is a known secret;
+   (names and prefixes below), minus any whose value is a known secret or whose name looks secret;
 2. the spec's `launcher.env` on top (a value stored as `***` because its name looks secret is
    filled from the worker's variable of the same name, or left out);
 3. the variables named in `launcher.pass_env`, copied from the worker's environment.
@@ -34,8 +34,10 @@ ALLOWED_PREFIXES = (
 
 
 def allowed(name: str) -> bool:
-    """True when a worker variable of this name may reach a training process on its own."""
-    if is_optico_own(name):
+    """True when a worker variable of this name may reach a training process on its own. A
+    secret-looking name does not, whatever its prefix (`NCCL_PASSWORD`, `TORCH_API_KEY`): a trial
+    that needs it asks by name (`pass_env`, or `env` with `***`), and its value is then redacted."""
+    if is_optico_own(name) or is_secret_name(name):
         return False
     return name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)
 

@@ -177,7 +177,8 @@ class Store(ABC):
     def start_trial(self, job_id: int, index: int, strategy: Strategy, rationale: str = "", *,
                     worker: str | None = None) -> Trial:
         """Claims trial `index` (1-based) of the job, RUNNING, and returns it. Idempotent: an
-        existing trial with this index is returned unchanged, whatever its status."""
+        existing trial with this index is returned unchanged, whatever its status. A job asked to stop,
+        cancelled or ended starts no new trial: NoNewTrial (checked under the job row's lock)."""
 
     @abstractmethod
     def begin_attempt(self, trial_id: int, *, worker: str | None = None) -> Trial:

@@ -86,6 +86,15 @@ class LeaseLost(LifecycleError):
         super().__init__(f"worker {worker} lost the lease of job {job_id}; {now}")
 
 
+class NoNewTrial(LifecycleError):
+    """The job was asked to stop, cancelled or has ended: it starts no new trial (a stop that lands
+    between two trials must not launch another run)."""
+
+    def __init__(self, job_id: int, status: JobStatus):
+        self.job_id, self.status = job_id, status
+        super().__init__(f"job {job_id} is {status.value}; it starts no new trial")
+
+
 def check_transition(job_id: int, current: JobStatus, wanted: JobStatus) -> None:
     """Raises IllegalTransition unless `current -> wanted` is in the table."""
     if current not in ALLOWED[wanted]:

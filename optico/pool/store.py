@@ -32,6 +32,7 @@ from optico.pool.lifecycle import (
     LeaseHeld,
     LeaseLost,
     LifecycleError,
+    NoNewTrial,
     check_transition,
 )
 from optico.pool.models import Base, EventRow, JobRow, MessageRow, TokenRow, TrialRow, WorkloadRow
@@ -549,7 +550,15 @@ class SqlStore(ScheduleSql, Store):
     def start_trial(self, job_id: int, index: int, strategy: Strategy, rationale: str = "", *,
                     worker: str | None = None) -> Trial:
         with self._session() as s:
-            self._fence(s, job_id, worker)
+            job = self._fence(s, job_id, worker)
+            found = s.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.index == index)).first()
+            if found is not None:
+                return _trial(found)  # a re-run after a crash reads the trial its worker started
+            # Compare-and-set on the job's status, under the job row's lock: a stop or cancel that landed
+            # while the agents chose (LLM round-trips take minutes) starts no run.
+            status = JobStatus(job.status)
+            if status is JobStatus.STOPPING or status.final:
+                raise NoNewTrial(job_id, status)
             # ON CONFLICT DO NOTHING then read back: a second claim of the index reads the first's row.
             s.execute(self._insert(_TRIALS)
                       .values(job_id=job_id, index=index, signature=strategy.signature(),

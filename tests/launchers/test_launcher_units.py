@@ -240,3 +240,44 @@ def test_a_simulated_trial_longer_than_the_spec_s_limits_is_killed_at_the_first_
     result = asyncio.run(launcher.launch(workload, Strategy(tensor_model_parallel_size=2), trial_key="t1"))
     assert time.monotonic() - start < 5 and not result.ok and result.category_hint is FailureCategory.HANG
     assert "no output of 0.3 s reached" in result.log
+
+
+@pytest.mark.parametrize("limits, killed_at, says", [
+    ({}, 600.0, None),  # the spec's defaults (hang_s 600, timeout_s 3600): NCCL's watchdog or the hang limit
+    ({"hang_s": 30}, 30.0, "no output for 30 s: run killed (hang)"),
+    ({"hang_s": 300, "timeout_s": 150}, 60.0, "wall-clock limit of 150 s reached (hang)"),
+])
+def test_a_simulated_hang_is_killed_at_the_spec_s_limits(limits: dict, killed_at: float, says: str | None):
+    """A simulated hang cost 600 s of every GPU whatever `hang_s` and `timeout_s` said (spec.md: they hold
+    for every launcher), so a few hangs spent a `gpu_hours` budget meant for many trials."""
+    import asyncio
+
+    from optico.launchers.sim import STARTUP_S
+    from optico.strategy import Strategy
+    from optico.workload import PRESETS, Cluster, Workload
+
+    workload = Workload(model=PRESETS["llama3-8b"], seq_length=4096, global_batch_size=64, precision="bf16",
+                        cluster=Cluster(gpu="a100-80gb", gpus_per_node=8, nodes=1))
+    launcher = build_launcher(LauncherSpec(kind="sim", hang_rate=1.0, **limits))
+    fits = Strategy(tensor_model_parallel_size=2, use_distributed_optimizer=True)
+    results = [asyncio.run(launcher.launch(workload, fits, trial_key=f"t{i}")) for i in range(6)]
+    for result in results:
+        assert not result.ok and result.duration_s == STARTUP_S + killed_at
+        assert result.gpu_seconds == (STARTUP_S + killed_at) * workload.world_size
+        if says is not None:
+            assert says in result.log and result.category_hint is FailureCategory.HANG
+
+
+def test_a_secret_looking_variable_passes_to_a_trial_only_when_asked_for_and_is_then_redacted():
+    """`NCCL_PASSWORD`, `TORCH_API_KEY`, `CUDA_SECRET_TOKEN` passed on their prefix alone, unredacted."""
+    from optico.launchers.trial_env import trial_env
+    from optico.redact import redact
+
+    worker = {"PATH": "/usr/bin", "NCCL_DEBUG": "WARN", "NCCL_PASSWORD": "nccl-pass-from-the-worker",
+              "TORCH_API_KEY": "torch-key-from-the-worker", "CUDA_SECRET_TOKEN": "cuda-token-from-the-worker"}
+    env = trial_env(base=worker)
+    assert env == {"PATH": "/usr/bin", "NCCL_DEBUG": "WARN"}
+    asked = trial_env({"TORCH_API_KEY": "***"}, pass_env=["NCCL_PASSWORD"], base=worker)
+    assert asked["NCCL_PASSWORD"] == "nccl-pass-from-the-worker" and asked["TORCH_API_KEY"] == "torch-key-from-the-worker"
+    assert "CUDA_SECRET_TOKEN" not in asked
+    assert redact("log: nccl-pass-from-the-worker torch-key-from-the-worker") == "log: *** ***"

@@ -13,7 +13,7 @@ from test_pool_concurrency import run_threads
 
 from optico.events import TrialStarted
 from optico.pool import IdempotencyConflict, IllegalTransition, JobStatus, LeaseHeld, LeaseLost, SqlStore
-from optico.pool.lifecycle import ALLOWED, LifecycleError
+from optico.pool.lifecycle import ALLOWED, LifecycleError, NoNewTrial
 from optico.pool.models import JobRow, TokenRow
 from optico.strategy import Strategy
 from optico.trial import Metrics, TrialStatus
@@ -211,6 +211,21 @@ def test_stop_budget_and_best_are_live(store: SqlStore) -> None:
     store.transition(job_id, S.SUCCEEDED, reason="stopped on request", worker="w1")
     with pytest.raises(LifecycleError, match="can no longer change"):
         store.set_budget(job_id, max_trials=9)
+
+
+def test_a_job_asked_to_stop_starts_no_new_trial(store: SqlStore) -> None:
+    # Compare-and-set under the job's lock: a stop or cancel landing while the agents chose the next
+    # trial launched it anyway.
+    job_id = put_in(store, S.RUNNING)
+    first = store.start_trial(job_id, 1, Strategy(), worker="w1")
+    store.transition(job_id, S.STOPPING, reason="enough")
+    with pytest.raises(NoNewTrial, match="is stopping; it starts no new trial"):
+        store.start_trial(job_id, 2, Strategy(tensor_model_parallel_size=2), worker="w1")
+    assert store.start_trial(job_id, 1, Strategy(), worker="w1") == first  # a re-run still reads its trial
+    store.transition(job_id, S.CANCELLED)
+    with pytest.raises(NoNewTrial, match="is cancelled"):
+        store.start_trial(job_id, 2, Strategy(tensor_model_parallel_size=2), worker="w1")
+    assert [t.index for t in store.trials(job_id)] == [1]
 
 
 def test_trial_attempts_and_lost_trials(store: SqlStore) -> None:

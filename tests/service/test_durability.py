@@ -149,6 +149,34 @@ def test_sigterm_interrupts_and_another_service_resumes(make_service, db_url: st
         assert outcome(store, job_id) == reference([body], tmp_path)[job_id]
 
 
+def test_the_event_stream_of_an_interrupted_queue_job_goes_on_to_its_real_end(make_service, db_url: str,
+                                                                             tokens: dict[str, str]):
+    """A rolling restart interrupts a queue job; the next worker runs it on. The stream sent
+    `end: interrupted` at once, and its clients stopped following a job that then finished."""
+    import httpx
+    from service_testkit import client, sse_events
+
+    body = spec("stream-across-restart", max_trials=4, trial_seconds=1.0, seed=5)
+    with SqlStore(db_url) as store:
+        job_id = store.create_job(parse_spec(body))
+        old = make_service().start()
+        wait_for(lambda: len(store.trials(job_id)) >= 2, what="trial 2")
+        old.stop()
+        assert store.get_job(job_id).status is JobStatus.INTERRUPTED
+        api = make_service("--no-worker").start()
+        http = client(api, tokens["read"])
+        kinds: list[str] = []
+        with pytest.raises(httpx.ReadTimeout):  # nothing more to say yet, and no `end`
+            with http.stream("GET", f"/api/v1/jobs/{job_id}/events", timeout=httpx.Timeout(30, read=4)) as stream:
+                for _, kind, _ in sse_events(stream):
+                    kinds.append(kind)
+        assert "end" not in kinds and kinds, kinds
+        make_service().start()  # a worker takes the job again
+        with http.stream("GET", f"/api/v1/jobs/{job_id}/events", timeout=120) as stream:
+            ends = [data for _, kind, data in sse_events(stream) if kind == "end"]
+        assert ends == [{"status": "succeeded"}]
+
+
 @pytest.mark.parametrize("point", ["bogus"])
 def test_an_unknown_fault_point_is_refused(point: str, monkeypatch: pytest.MonkeyPatch):
     from optico import faults

@@ -3,7 +3,8 @@
 Each event carries `id: <seq>` (1, 2, ... per job, in commit order), `event: <kind>` and the event as
 JSON. A client that reconnects with `Last-Event-ID` (or `?after=`) gets exactly the events after it:
 no loss, no repeats. When the job has ended and every event was sent, the stream sends one `end`
-event and closes, so clients stop reconnecting.
+event and closes, so clients stop reconnecting. A job submitted to the queue and interrupted (its
+worker shut down) has not ended: a worker takes it again, and the stream goes on.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from optico.pool.contract import Store
+from optico.pool.lifecycle import JobStatus
 from optico.service.deps import DIGITS, SQL_INT_MAX, JobDep, ReadToken, SettingsDep, StoreDep
 from optico.service.settings import ServiceSettings
 
@@ -81,9 +83,11 @@ async def job_event_stream(request: Request, store: Store, settings: ServiceSett
             continue
         current = await run_in_threadpool(store.get_job, job_id)
         # Ended: final, no worker still writing (a cancelled job's worker records its lost trial first;
-        # a lease that expired on a cancelled job belongs to a worker that is gone).
-        if current.status.final and (current.lease_owner is None
-                                     or not current.lease_live(await run_in_threadpool(store.db_now))):
+        # a lease that expired on a cancelled job belongs to a worker that is gone). A queue job that was
+        # interrupted (its worker shut down, a rolling restart) has not ended: the next worker runs it on.
+        rerun = current.status is JobStatus.INTERRUPTED and current.origin == "queue"
+        if current.status.final and not rerun and (
+                current.lease_owner is None or not current.lease_live(await run_in_threadpool(store.db_now))):
             tail = await run_in_threadpool(store.events, job_id, last, BATCH)
             if not tail:
                 yield ServerSentEvent(data={"status": current.status.value}, event="end", id=str(last))
