@@ -48,6 +48,7 @@ from optico.guard import Guard
 from optico.launchers.base import Launcher
 from optico.perfmodel.online import JobModel
 from optico.pool.contract import Store
+from optico.pool.records import JobRecord
 from optico.pool.lifecycle import JobStatus, NoNewTrial
 from optico.redact import clip
 from optico.spec import JobSpec
@@ -179,11 +180,9 @@ async def validate(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState
     rationale = state.get("rationale", "")
     try:
         trial = ctx.store.start_trial(job_id, index, strategy, rationale, worker=ctx.worker)
-    except NoNewTrial as refused:
+    except NoNewTrial:
         # Stopped or cancelled while the agents chose this trial: nothing is launched, the job ends.
-        reason = "cancelled" if refused.status is JobStatus.CANCELLED else \
-            ctx.store.get_job(job_id).stop_reason or "stopped on request"
-        return {"stop_reason": reason}
+        return {"stop_reason": _requested_stop(ctx.store.get_job(job_id)) or "stopped"}
     if trial.status == TrialStatus.RUNNING and trial.attempts >= MAX_LAUNCHES:
         # Its worker died during every allowed launch: record it lost rather than risk a third.
         reason = f"its worker died during {trial.attempts} launches"
@@ -234,12 +233,10 @@ def record(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
         best_mfu=best.mfu if best else None))
 
     budget, gpu_hours = ctx.spec.budget, sum(t.gpu_seconds for t in trials) / 3600
-    stop = None
-    if job.status is JobStatus.STOPPING:
-        stop = job.stop_reason or "stopped on request"
-    elif job.status is JobStatus.CANCELLED:
-        stop = "cancelled"
-    elif len(trials) >= job.max_trials:
+    stop = _requested_stop(job)
+    if stop:
+        return {"stop_reason": stop}
+    if len(trials) >= job.max_trials:
         stop = f"max trials ({job.max_trials}) reached"
     elif job.gpu_hours is not None and gpu_hours >= job.gpu_hours:
         stop = f"GPU-hour budget spent ({gpu_hours:.1f} of {job.gpu_hours})"
@@ -255,6 +252,15 @@ def record(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
             return {"candidate": last.strategy.model_dump(mode="json"), "retry": True,
                     "rationale": f"RETRY of trial {last.index}: {last.failure.summary}", "stop_reason": None}
     return {"retry": False, "stop_reason": None}
+
+
+def _requested_stop(job: JobRecord) -> str | None:
+    """Why the job ends because someone asked (a stop, a cancel), or None."""
+    if job.status is JobStatus.STOPPING:
+        return job.stop_reason or "stopped on request"
+    if job.status is JobStatus.CANCELLED:
+        return "cancelled"
+    return None
 
 
 def _analysis_input(ctx: LoopContext, trials: list[Trial], iteration: int) -> AnalysisInput:

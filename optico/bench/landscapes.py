@@ -667,9 +667,10 @@ def replay_space(w: Workload, measured: list[Strategy]) -> SearchSpace:
 
 
 def replay_defs(path: str | Path, min_configs: int = MIN_REPLAY_CONFIGS,
-                calibration: str | None = None) -> list[ReplayDef]:
+                calibration: str | None = None, rows: list[ReplayRow] | None = None) -> list[ReplayDef]:
     """One landscape per distinct workload of the file with at least `min_configs` configurations;
-    `calibration` defaults to the one held out from this file (None when there is none: refused)."""
+    `calibration` defaults to the one held out from this file (None when there is none: refused);
+    `rows`: the file's rows, when the caller read them already."""
     from optico.bench.separation import heldout_calibration
 
     path = Path(path)
@@ -677,7 +678,7 @@ def replay_defs(path: str | Path, min_configs: int = MIN_REPLAY_CONFIGS,
         calibration = calibration or heldout_calibration(path)
     except OSError:  # "without-<stem>.json" longer than the file system allows: none was built
         calibration = None
-    launcher = ReplayLauncher(path)
+    launcher = ReplayLauncher(path, rows=rows)
     out: list[ReplayDef] = []
     seen: list[Workload] = []
     for row in launcher.rows:

@@ -36,7 +36,7 @@ from optico.bench.summary import summarize
 from optico.bench.thirdparty import ThirdPartyDef, thirdparty_defs
 from optico.bench.tuners import make_tuner
 from optico.errors import SpecError, first_line
-from optico.replay_csv import ReplayError
+from optico.replay_csv import ReplayError, ReplayRow
 from optico.spec import ReasonerSpec
 from optico.textsafe import terminal_text
 
@@ -132,11 +132,12 @@ def select_landscapes(suite: Suite = "all", files: Sequence[str | Path] = (), on
 def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
     """The landscapes of one named replay CSV (see `select_landscapes` for what is refused)."""
     from optico.input_files import read_text
-    from optico.replay_csv import MAX_CSV_BYTES
+    from optico.replay_csv import MAX_CSV_BYTES, read_replay_csv
 
     read_text(path, OPTION, "replay CSV", MAX_CSV_BYTES)  # SpecError: missing, binary, not UTF-8, ...
     try:
-        found = replay_defs(path)  # ReplayError: not a table, more than MAX_CSV_ROWS rows, a broken CSV
+        rows = read_replay_csv(path)  # ReplayError: not a table, more than MAX_CSV_ROWS rows, a broken CSV
+        found = replay_defs(path, rows=rows)
     except (ReplayError, OSError) as exc:
         reason = first_line(exc)
         if strict:
@@ -145,7 +146,7 @@ def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
         print(terminal_text(f"warning: {OPTION}: {reason}; skipped", one_line=True), file=sys.stderr)
         return []
     if strict:
-        _warn_malformed(path)
+        _warn_malformed(path, rows)
     if not found:
         reason = (f"{path} has no workload with enough measured configurations (at least {MIN_REPLAY_CONFIGS} "
                   f"usable rows of one workload, one of them a run that finished)")
@@ -155,13 +156,12 @@ def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
     return found
 
 
-def _warn_malformed(path: Path) -> None:
+def _warn_malformed(path: Path, rows: list[ReplayRow]) -> None:
     """Says which rows of a named file are broken (a cell that is no value, more fields than the
     header): the benchmark leaves them out, where a spec's own replay file is refused for them."""
     from optico.redact import redact
-    from optico.replay_csv import read_replay_csv
 
-    broken = [row for row in read_replay_csv(path) if row.malformed]
+    broken = [row for row in rows if row.malformed]
     if broken:
         first = broken[0]
         print(terminal_text(redact(f"warning: {OPTION}: {len(broken)} malformed row(s) of {path} left out "

@@ -185,7 +185,7 @@ class SimLauncher(Launcher):
                        f"caught collective operation timeout: WorkNCCL(SeqNum=4211, OpType=ALLREDUCE, "
                        f"Timeout(ms)=600000) ran for 600081 milliseconds before timing out.")
                 hint = None
-            elif hang_s == wall_left and wall_left < min(NCCL_WATCHDOG_S, self.hang_s):
+            elif wall_left < min(NCCL_WATCHDOG_S, self.hang_s):
                 log = tail + f"run killed: wall-clock limit of {self.timeout_s:g} s reached (hang)"
                 hint = FailureCategory.HANG
             else:
