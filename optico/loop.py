@@ -58,7 +58,10 @@ from optico.trial import Failure, FailureCategory, Trial, TrialStatus
 EventSink = Callable[[str, dict[str, Any]], None]
 """Live listener: called with (event kind, event as JSON) for every event, stored or not."""
 MAX_ATTEMPTS = 2  # a RETRY verdict re-runs a configuration once
-MAX_LAUNCHES = 2  # a trial whose worker died is re-run once under its index, then recorded as lost
+MAX_DEATHS = 2  # a trial whose worker died is re-run once under its index; a second death records it lost
+# Launches its own worker interrupted cleanly (a rolling restart) are re-run too, but not for ever: a
+# trial that gets its worker evicted each time would.
+MAX_LAUNCHES = 6
 LOG_EXCERPT_CHARS = 4000
 
 
@@ -183,13 +186,16 @@ async def validate(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState
     except NoNewTrial:
         # Stopped or cancelled while the agents chose this trial: nothing is launched, the job ends.
         return {"stop_reason": _requested_stop(ctx.store.get_job(job_id)) or "stopped"}
-    if trial.status == TrialStatus.RUNNING and trial.attempts >= MAX_LAUNCHES:
-        # Its worker died during every allowed launch: record it lost rather than risk a third.
-        reason = f"its worker died during {trial.attempts} launches"
+    deaths = trial.attempts - trial.interruptions
+    if trial.status == TrialStatus.RUNNING and (deaths >= MAX_DEATHS or trial.attempts >= MAX_LAUNCHES):
+        # Its worker died during every allowed launch: record it lost rather than risk another.
+        reason = f"its worker died during {deaths} launches" if deaths >= MAX_DEATHS else \
+            f"it was launched {trial.attempts} times and never finished (its worker stopped or died each time)"
         trial = ctx.store.lose_trial(trial.id, reason, worker=ctx.worker)
         _emit(ctx, job_id, TrialLost(index=index, reason=reason))
     elif trial.status == TrialStatus.RUNNING:
-        again = " (re-run: its worker died)" if trial.attempts else ""
+        again = "" if not trial.attempts else " (re-run: its worker died)" if deaths else \
+            " (re-run: its worker stopped)"
         _emit(ctx, job_id, TrialStarted(index=index, strategy=strategy.short(), rationale=clip(rationale + again, 500)))
         trial = await _launch(ctx, job_id, index, strategy, trial.id)
     _say(ctx, job_id, index, "validation", "result", {

@@ -100,6 +100,8 @@ class Trial(BaseModel):
     log_excerpt: str = ""
     attempts: int = Field(1, description="How many times it was launched (a re-run after its worker died "
                                          "counts; the pool keeps one result).")
+    interruptions: int = Field(0, description="How many of those launches its own worker interrupted cleanly "
+                                              "(a shutdown, a rolling restart, Ctrl-C) before re-running it.")
     wall_seconds: float | None = Field(None, description="Wall-clock seconds of the run that produced the result.")
 
     @property

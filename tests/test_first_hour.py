@@ -121,6 +121,35 @@ def test_a_job_whose_worker_died_says_so_and_how_to_resume(tmp_path: Path, monke
     assert "running (worker gone)" in shown.stdout and f"optico tune --resume {dead}" in shown.stdout
 
 
+@pytest.mark.parametrize("command", ["show", "list"])
+def test_jobs_show_and_list_settle_a_job_cancelled_after_its_worker_died(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch, command: str):
+    """`optico tune` killed, then the job cancelled while its lease still ran: with no worker ever
+    polling this pool, its trial stayed `running` for ever."""
+    from optico.pool.records import JobStatus
+    from optico.pool.store import SqlStore
+    from optico.strategy import Strategy
+    from tests.pool.pool_testkit import make_spec
+
+    db = tmp_path / "pool.db"
+    monkeypatch.setenv("OPTICO_DATABASE_URL", f"sqlite:///{db}")
+    with SqlStore(f"sqlite:///{db}") as store:
+        job = store.create_job(make_spec("killed"), origin="cli")
+        store.claim_job("tune-1", 600, job_id=job)
+        store.begin_attempt(store.start_trial(job, 1, Strategy(), worker="tune-1").id, worker="tune-1")
+        assert store.transition(job, JobStatus.CANCELLED).lease_owner == "tune-1"
+    with sqlite3.connect(db) as conn:  # the killed process never renewed its lease again
+        conn.execute("UPDATE optico_jobs SET lease_expires_at = ? WHERE id = ?", ("2000-01-01 00:00:00", job))
+    shown = run_in_process(["jobs", command] + ([str(job)] if command == "show" else []))
+    assert shown.code == 0, shown.stderr
+    with SqlStore(f"sqlite:///{db}") as store:
+        assert [t.status.value for t in store.trials(job)] == ["lost"]
+        assert store.get_job(job).lease_owner is None
+        assert [e.kind for e in store.events(job)][-2:] == ["job_done", "lease"]
+    if command == "show":
+        assert "lost" in shown.stdout
+
+
 def test_worker_gone_reads_the_lease():
     from optico.cli.views import worker_gone
     from optico.pool.records import JobStatus

@@ -451,3 +451,50 @@ def test_replay_of_the_h100_sweep_finds_its_best(db_url: str):
     assert result["best"]["trial"] <= 10
     assert result["failed_trials"] <= 1
     store.close()
+
+
+def test_two_clean_interruptions_of_one_trial_re_run_it_rather_than_lose_it(db_url: str):
+    """Two rolling restarts (Ctrl-C, SIGTERM) during one long trial recorded it lost: a clean
+    interruption was counted as a death of its worker."""
+    from optico.launchers.factory import build_launcher
+
+    spec = load_spec(EXAMPLES / "llama3-8b-a100.yaml")
+    spec = spec.model_copy(update={"budget": spec.budget.model_copy(update={"max_trials": 3, "converge_tol": None}),
+                                   "launcher": spec.launcher.model_copy(update={"hang_rate": 0.0})})
+    store = SqlStore(db_url)
+    job_id = store.create_job(spec)
+    for _ in range(2):
+        with pytest.raises(KeyboardInterrupt):
+            run_job(store, db_url, job_id, launcher=CrashingLauncher(build_launcher(spec.launcher, spec.seed),
+                                                                     crash_at=3))
+        assert store.get_job(job_id).status is JobStatus.INTERRUPTED
+    interrupted = store.trials(job_id)[-1]
+    assert interrupted.status is TrialStatus.RUNNING and (interrupted.attempts, interrupted.interruptions) == (2, 2)
+    run_job(store, db_url, job_id)
+    trials = store.trials(job_id)
+    assert [t.status for t in trials] == [TrialStatus.OK] * 3
+    assert (trials[-1].attempts, trials[-1].interruptions) == (3, 2)
+    assert store.get_job(job_id).status is JobStatus.SUCCEEDED
+    store.close()
+
+
+def test_a_trial_interrupted_at_every_launch_is_lost_after_max_launches(db_url: str):
+    """Clean interruptions are re-run, but not for ever: a trial that gets its worker stopped each time
+    (an eviction it causes) ends lost."""
+    from optico.launchers.factory import build_launcher
+    from optico.loop import MAX_LAUNCHES
+
+    spec = load_spec(EXAMPLES / "llama3-8b-a100.yaml")
+    spec = spec.model_copy(update={"budget": spec.budget.model_copy(update={"max_trials": 2, "converge_tol": None}),
+                                   "launcher": spec.launcher.model_copy(update={"hang_rate": 0.0})})
+    store = SqlStore(db_url)
+    job_id = store.create_job(spec)
+    for _ in range(MAX_LAUNCHES):
+        with pytest.raises(KeyboardInterrupt):
+            run_job(store, db_url, job_id, launcher=CrashingLauncher(build_launcher(spec.launcher, spec.seed),
+                                                                     crash_at=2))
+    run_job(store, db_url, job_id)
+    lost = store.trials(job_id)[1]
+    assert lost.status is TrialStatus.LOST and lost.attempts == MAX_LAUNCHES
+    assert f"launched {MAX_LAUNCHES} times and never finished" in lost.failure.summary
+    store.close()

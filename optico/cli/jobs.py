@@ -56,6 +56,7 @@ def jobs_list(database: Optional[str] = DatabaseOption,
     """Jobs in the pool, newest first: one row each (--wide: everything, wrapped)."""
     store, _ = open_store(database, empty="no jobs")
     with store:
+        store.settle_abandoned_cancels()  # cancelled while their worker looked alive, and it is gone
         rows, gone = [], []
         for job in store.list_jobs(limit):
             trials = store.trials(job.id)
@@ -189,6 +190,7 @@ def jobs_show(job_id: int = typer.Argument(..., metavar="JOB_ID", show_default=F
 
     store, url = open_store(database, job=job_id)
     with store:
+        store.settle_abandoned_cancels(job_id)  # cancelled while its worker looked alive, and it is gone
         try:
             result = job_result(store, job_id)
             job = store.get_job(job_id)

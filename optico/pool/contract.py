@@ -139,7 +139,11 @@ class Store(ABC):
         (e.g. `job_done`: a reader never sees the final state without it).
 
         `reason` becomes the stop reason of a final state. Outcomes of a run (succeeded, failed,
-        interrupted) need `worker`, the lease holder; a final state releases the lease.
+        interrupted) need `worker`, the lease holder; a final state releases the lease, except a cancel
+        of a run whose worker is alive (it records its running trial lost and lets go). A cancel of a
+        run nobody is running (interrupted, or its lease expired) is settled in the same transaction:
+        its running trial lost, `job_done`. Interrupted by its worker, the running trial's launch counts
+        as an interruption (`Trial.interruptions`), not as a death.
         IllegalTransition names the current state; LeaseLost if `worker` does not hold it."""
 
     @abstractmethod
@@ -153,6 +157,12 @@ class Store(ABC):
         trials become lost, and the lease is cleared (a `job_done` and a `lease` "expired" event).
         With `job_id`: that job, whatever its origin (`optico tune --resume`): LeaseHeld if another
         worker's lease is live; IllegalTransition if it is SUCCEEDED or CANCELLED."""
+
+    @abstractmethod
+    def settle_abandoned_cancels(self, job_id: int | None = None) -> int:
+        """Settles the CANCELLED jobs (or job `job_id`) whose worker's lease expired before it let go,
+        as `claim_job` does first; returns how many. For readers that must not wait for a claimer (an
+        event stream, `optico jobs show`): a pool without workers settles too."""
 
     @abstractmethod
     def renew_lease(self, job_id: int, worker: str, lease_s: float) -> JobRecord:

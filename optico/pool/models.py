@@ -132,6 +132,7 @@ class TrialRow(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=_utcnow())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     attempts: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    interruptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     wall_seconds: Mapped[float | None] = mapped_column(Float)
 
 

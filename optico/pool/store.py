@@ -139,7 +139,8 @@ def _trial(row: TrialRow) -> Trial:
         metrics=Metrics.model_validate(row.metrics) if row.metrics is not None else None,
         failure=Failure.model_validate(row.failure) if row.failure is not None else None,
         rationale=row.rationale, gpu_seconds=row.gpu_seconds, fingerprint=row.fingerprint or {},
-        log_path=row.log_path, log_excerpt=row.log_excerpt, attempts=row.attempts, wall_seconds=row.wall_seconds,
+        log_path=row.log_path, log_excerpt=row.log_excerpt, attempts=row.attempts,
+        interruptions=row.interruptions, wall_seconds=row.wall_seconds,
     )
 
 
@@ -411,20 +412,33 @@ class SqlStore(ScheduleSql, Store):
             lease_live = row.lease_owner is not None and row.lease_expires_at is not None \
                 and as_utc(row.lease_expires_at) > now
             row.status = to.value
+            # A cancel of a run whose worker is alive keeps the lease: that worker kills the running trial,
+            # records it lost and releases the lease itself. A cancel of a run nobody runs (interrupted,
+            # or its worker is gone) is settled here, as that worker would have: trial lost, job_done.
+            cancel = to is JobStatus.CANCELLED and worker is None
+            keeps_lease = cancel and current.active and lease_live
+            settle_cancel = cancel and not keeps_lease and (current.active or current is JobStatus.INTERRUPTED)
             if to.final:
                 row.finished_at = self._stamp(now)
-                # A cancel of a job whose worker is alive keeps the lease: that worker kills the running
-                # trial, records it lost and releases the lease itself.
-                if not (to is JobStatus.CANCELLED and current.active and lease_live and worker is None):
+                if not (keeps_lease or settle_cancel):  # settling lets the lease go itself, saying so
                     row.lease_owner, row.lease_expires_at = None, None
             if reason is not None and (to.final or to is JobStatus.STOPPING):
                 row.stop_reason = redact.redact(reason)
+            if to is JobStatus.INTERRUPTED and worker is not None:
+                # Its own worker stopped it cleanly (a shutdown, Ctrl-C): the running trial's launch was
+                # killed by us, not by the trial, and does not count toward the deaths that make it lost.
+                s.execute(update(TrialRow).where(
+                    TrialRow.job_id == job_id, TrialRow.status == TrialStatus.RUNNING.value,
+                    TrialRow.attempts > TrialRow.interruptions).values(interruptions=TrialRow.interruptions + 1)
+                    .execution_options(synchronize_session=False))
             if to is JobStatus.QUEUED:
                 row.stop_reason, row.finished_at = None, None
                 row.origin = "queue"  # queued again (`jobs resume`, the API): the workers' now, whoever started it
             self._append_event(s, job_id, JobStateChanged(status=to.value, previous=current.value,
                                                           reason=redact.redact(reason) if reason else None,
                                                           worker=worker))
+            if settle_cancel:
+                self._settle_cancel(s, row, "the job was cancelled while no worker ran it")
             if then is not None:
                 self._append_event(s, job_id, then)
             s.flush()
@@ -456,25 +470,42 @@ class SqlStore(ScheduleSql, Store):
                     return None
             return _job(self._take(s, row, worker, lease_s, now))
 
-    def _settle_abandoned_cancels(self, s: Session, now: datetime) -> None:
+    def settle_abandoned_cancels(self, job_id: int | None = None) -> int:
+        """Settles every job (or job `job_id`) cancelled while its worker looked alive, whose lease has
+        since expired: that worker is gone. Returns how many were settled. Claimers call it on every
+        poll; an event stream and `optico jobs show` call it, so a pool without workers settles too."""
+        with self._session() as s:
+            return self._settle_abandoned_cancels(s, self._now(s), job_id)
+
+    def _settle_abandoned_cancels(self, s: Session, now: datetime, job_id: int | None = None) -> int:
         """A job cancelled while its worker was alive-looking keeps that worker's lease, for the worker
         to record its running trial lost and let go (`transition`). If the worker was in fact dead,
-        nobody would: once the lease has expired, the next claimer does it instead."""
+        nobody would: once the lease has expired, this does it instead."""
         abandoned = ((JobRow.status == JobStatus.CANCELLED.value) & JobRow.lease_owner.is_not(None)
                      & (JobRow.lease_expires_at < self._stamp(now)))
+        if job_id is not None:
+            abandoned = abandoned & (JobRow.id == job_id)
         query = select(JobRow).where(abandoned)
         if self._postgres:
             query = query.with_for_update(skip_locked=True)
-        for job in s.scalars(query).all():
-            trials = s.scalars(select(TrialRow).where(TrialRow.job_id == job.id)).all()
-            for trial in trials:
-                self._lose(trial, "the job was cancelled while its worker was gone")
-            best = [t.mfu for t in map(_trial, trials) if t.mfu is not None]
-            self._append_event(s, job.id, JobFinished(status=JobStatus.CANCELLED.value, stop_reason="cancelled",
-                                                      trials=len(trials), best_mfu=max(best) if best else None))
-            self._append_event(s, job.id, LeaseChanged(action="expired", worker=job.lease_owner))
-            job.lease_owner, job.lease_expires_at = None, None
+        jobs = s.scalars(query).all()
+        for job in jobs:
+            self._settle_cancel(s, job, "the job was cancelled while its worker was gone")
         s.flush()
+        return len(jobs)
+
+    def _settle_cancel(self, s: Session, job: JobRow, reason: str) -> None:
+        """What the worker of a cancelled run would write, for a run whose worker is gone: its running
+        trial lost, job_done, and the lease let go. Inside the caller's transaction, the job row locked."""
+        trials = s.scalars(select(TrialRow).where(TrialRow.job_id == job.id)).all()
+        for trial in trials:
+            self._lose(trial, reason)
+        best = [t.mfu for t in map(_trial, trials) if t.mfu is not None]
+        self._append_event(s, job.id, JobFinished(status=JobStatus.CANCELLED.value, stop_reason="cancelled",
+                                                  trials=len(trials), best_mfu=max(best) if best else None))
+        if job.lease_owner is not None:
+            self._append_event(s, job.id, LeaseChanged(action="expired", worker=job.lease_owner))
+        job.lease_owner, job.lease_expires_at = None, None
 
     def _take(self, s: Session, row: JobRow, worker: str, lease_s: float, now: datetime) -> JobRow:
         previous_owner, status = row.lease_owner, JobStatus(row.status)
@@ -564,7 +595,7 @@ class SqlStore(ScheduleSql, Store):
                       .values(job_id=job_id, index=index, signature=strategy.signature(),
                               strategy=strategy.model_dump(mode="json"), status=TrialStatus.RUNNING.value,
                               rationale=redact.redact(rationale), gpu_seconds=0.0, fingerprint={}, log_excerpt="",
-                              attempts=0)
+                              attempts=0, interruptions=0)
                       .on_conflict_do_nothing(index_elements=["job_id", "index"]))
             row = s.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.index == index)).one()
             return _trial(row)

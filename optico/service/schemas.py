@@ -70,6 +70,7 @@ class TrialView(_Public):
     gpu_seconds: float
     wall_seconds: float | None
     attempts: int
+    interruptions: int
     fingerprint: dict[str, Any]
     log_excerpt: str
 
@@ -137,7 +138,7 @@ def trial_view(t: Trial) -> TrialView:
                      rationale=t.rationale, metrics=t.metrics.model_dump(mode="json") if t.metrics else None,
                      failure=t.failure.model_dump(mode="json", exclude={"log_excerpt"}) if t.failure else None,
                      gpu_seconds=t.gpu_seconds, wall_seconds=t.wall_seconds, attempts=t.attempts,
-                     fingerprint=t.fingerprint, log_excerpt=t.log_excerpt)
+                     interruptions=t.interruptions, fingerprint=t.fingerprint, log_excerpt=t.log_excerpt)
 
 
 def message_view(m: AgentMessage, *, reasoning: bool) -> MessageView:

@@ -145,14 +145,22 @@ def test_an_expired_lease_is_taken_over_and_fences_the_old_worker(store: SqlStor
     assert store.service_stats()["lease_takeovers"] == 1
 
 
-def test_a_job_cancelled_while_its_worker_was_gone_is_settled_once_the_lease_expires(store: SqlStore) -> None:
+@pytest.mark.parametrize("settler", ["claimer", "reader"])
+def test_a_job_cancelled_while_its_worker_was_gone_is_settled_once_the_lease_expires(store: SqlStore,
+                                                                                     settler: str) -> None:
     job_id = put_in(store, S.RUNNING, worker="dead")
     trial = store.start_trial(job_id, 1, Strategy(), worker="dead")
     cancelled = store.transition(job_id, S.CANCELLED)
     assert cancelled.lease_owner == "dead"  # a live-looking worker keeps it, to record its trial lost
     assert store.claim_job("live", 60) is None and store.get_job(job_id).lease_owner == "dead"  # not yet expired
     expire_lease(store, job_id)
-    assert store.claim_job("live", 60) is None  # nothing to run; the claimer settled the job instead
+    other = put_in(store, S.QUEUED)
+    assert store.settle_abandoned_cancels(other) == 0  # only the job asked about, and only an abandoned one
+    if settler == "claimer":
+        assert store.claim_job("live", 60).id == other  # the claimer settled the job before taking work
+    else:
+        assert store.settle_abandoned_cancels(job_id) == 1  # an event stream, `optico jobs show`
+        assert store.claim_job("live", 60).id == other
     job = store.get_job(job_id)
     assert job.status is S.CANCELLED and job.lease_owner is None and job.lease_expires_at is None
     lost = store.get_trial(trial.id)
@@ -162,6 +170,60 @@ def test_a_job_cancelled_while_its_worker_was_gone_is_settled_once_the_lease_exp
     assert lease.kind == "lease" and lease.action == "expired" and lease.worker == "dead"
     seq = store.last_event_seq(job_id)
     assert store.claim_job("live", 60) is None and store.last_event_seq(job_id) == seq  # settled once
+    assert store.settle_abandoned_cancels() == 0 and store.last_event_seq(job_id) == seq
+
+
+@pytest.mark.parametrize("nobody_runs_it", ["interrupted", "lease_expired"])
+def test_a_cancel_of_a_run_nobody_runs_is_settled_in_its_own_transaction(store: SqlStore,
+                                                                         nobody_runs_it: str) -> None:
+    # Cancelling an interrupted job (its running trial kept for the re-run) or one whose worker's lease
+    # had expired left that trial running for ever, with no job_done.
+    job_id = put_in(store, S.RUNNING, worker="w1")
+    trial = store.start_trial(job_id, 1, Strategy(), worker="w1")
+    store.begin_attempt(trial.id, worker="w1")
+    if nobody_runs_it == "interrupted":
+        store.transition(job_id, S.INTERRUPTED, worker="w1")
+    else:
+        expire_lease(store, job_id)
+    job = store.transition(job_id, S.CANCELLED, reason="cancelled on request")
+    assert job.status is S.CANCELLED and job.lease_owner is None and job.lease_expires_at is None
+    lost = store.get_trial(trial.id)
+    assert lost.status is TrialStatus.LOST and "no worker ran it" in lost.failure.summary
+    events = [e.event for e in store.events(job_id)]
+    cancel = next(i for i, e in enumerate(events) if e.kind == "state" and e.status == "cancelled")
+    assert events[cancel + 1].kind == "job_done" and events[cancel + 1].trials == 1  # in the cancel's transaction
+    assert [e.kind for e in events].count("job_done") == 1
+    expired = [e.event for e in store.events(job_id) if e.kind == "lease" and e.event.action == "expired"]
+    assert len(expired) == (1 if nobody_runs_it == "lease_expired" else 0)
+
+
+def test_a_cancel_of_a_live_run_or_of_a_queued_job_settles_nothing_itself(store: SqlStore) -> None:
+    queued = put_in(store, S.QUEUED)
+    store.transition(queued, S.CANCELLED)
+    assert "job_done" not in [e.kind for e in store.events(queued)]  # it never ran: no run to settle
+    live = put_in(store, S.RUNNING, worker="w1")
+    trial = store.start_trial(live, 1, Strategy(), worker="w1")
+    assert store.transition(live, S.CANCELLED).lease_owner == "w1"  # its worker records the trial lost
+    assert store.get_trial(trial.id).status is TrialStatus.RUNNING
+    assert "job_done" not in [e.kind for e in store.events(live)]
+
+
+def test_a_clean_interruption_is_counted_apart_from_deaths(store: SqlStore) -> None:
+    job_id = put_in(store, S.RUNNING, worker="w1")
+    launched = store.start_trial(job_id, 1, Strategy(), worker="w1")
+    store.begin_attempt(launched.id, worker="w1")
+    store.transition(job_id, S.INTERRUPTED, worker="w1")
+    trial = store.get_trial(launched.id)
+    assert (trial.attempts, trial.interruptions) == (1, 1)
+    store.claim_job("w2", 60, job_id=job_id)
+    assert store.begin_attempt(trial.id, worker="w2").attempts == 2  # then w2 is killed: a death
+    expire_lease(store, job_id)
+    store.claim_job("w3", 60, job_id=job_id)
+    store.begin_attempt(trial.id, worker="w3")
+    unlaunched = store.start_trial(job_id, 2, Strategy(tensor_model_parallel_size=2), worker="w3")
+    store.transition(job_id, S.INTERRUPTED, worker="w3")
+    assert (store.get_trial(trial.id).attempts, store.get_trial(trial.id).interruptions) == (3, 2)
+    assert store.get_trial(unlaunched.id).interruptions == 0  # never launched: nothing interrupted
 
 
 def test_interrupted_queue_jobs_are_claimed_again_and_finished_ones_never(store: SqlStore) -> None:

@@ -177,6 +177,31 @@ def test_the_event_stream_of_an_interrupted_queue_job_goes_on_to_its_real_end(ma
         assert ends == [{"status": "succeeded"}]
 
 
+def test_a_job_cancelled_after_its_worker_died_is_settled_by_its_event_stream(make_service, db_url: str,
+                                                                             tokens: dict[str, str]):
+    """Cancelled while its dead worker's lease still ran, with no worker left: the trial stayed
+    `running` for ever, no `job_done` was written, and the stream ended without one."""
+    from service_testkit import client, sse_events
+
+    body = spec("cancel-after-death", max_trials=3, trial_seconds=60, seed=6)
+    with SqlStore(db_url) as store:
+        job_id = store.create_job(parse_spec(body))
+        api = make_service("--no-worker").start()
+        worker = make_service().start()
+        wait_for(lambda: [t for t in store.trials(job_id) if t.status is TrialStatus.RUNNING], what="trial 1 running")
+        worker.kill()  # SIGKILL: its lease (3 s) still runs, so the cancel leaves it to that worker
+        http = client(api, tokens["write"])
+        assert http.post(f"/api/v1/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+        assert store.get_job(job_id).lease_owner is not None
+        with http.stream("GET", f"/api/v1/jobs/{job_id}/events", timeout=60) as stream:
+            kinds = [(kind, data) for _, kind, data in sse_events(stream)]
+        tail = [kind for kind, _ in kinds][-3:]
+        assert tail == ["job_done", "lease", "end"], kinds[-6:]
+        assert kinds[-3][1]["status"] == "cancelled" and kinds[-2][1]["action"] == "expired"
+        assert [t.status for t in store.trials(job_id)] == [TrialStatus.LOST]
+        assert store.get_job(job_id).lease_owner is None
+
+
 @pytest.mark.parametrize("point", ["bogus"])
 def test_an_unknown_fault_point_is_refused(point: str, monkeypatch: pytest.MonkeyPatch):
     from optico import faults

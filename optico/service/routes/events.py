@@ -4,7 +4,9 @@ Each event carries `id: <seq>` (1, 2, ... per job, in commit order), `event: <ki
 JSON. A client that reconnects with `Last-Event-ID` (or `?after=`) gets exactly the events after it:
 no loss, no repeats. When the job has ended and every event was sent, the stream sends one `end`
 event and closes, so clients stop reconnecting. A job submitted to the queue and interrupted (its
-worker shut down) has not ended: a worker takes it again, and the stream goes on.
+worker shut down) has not ended: a worker takes it again, and the stream goes on. A job cancelled
+while its worker looked alive ends once that worker has let go or its lease has expired: then the
+stream settles it itself (its running trial lost, `job_done`), for a pool with no worker left.
 """
 
 from __future__ import annotations
@@ -82,12 +84,16 @@ async def job_event_stream(request: Request, store: Store, settings: ServiceSett
         if len(batch) == BATCH:
             continue
         current = await run_in_threadpool(store.get_job, job_id)
-        # Ended: final, no worker still writing (a cancelled job's worker records its lost trial first;
-        # a lease that expired on a cancelled job belongs to a worker that is gone). A queue job that was
-        # interrupted (its worker shut down, a rolling restart) has not ended: the next worker runs it on.
+        # Ended: final, no worker still writing (a cancelled job's worker records its lost trial first).
+        # A lease that expired on a cancelled job belongs to a worker that is gone: the stream settles
+        # the job as a claimer would (its trial lost, job_done) and sends that before it ends. A queue
+        # job that was interrupted (its worker shut down, a rolling restart) has not ended: the next
+        # worker runs it on.
         rerun = current.status is JobStatus.INTERRUPTED and current.origin == "queue"
         if current.status.final and not rerun and (
                 current.lease_owner is None or not current.lease_live(await run_in_threadpool(store.db_now))):
+            if current.lease_owner is not None and await run_in_threadpool(store.settle_abandoned_cancels, job_id):
+                continue  # send what settling wrote
             tail = await run_in_threadpool(store.events, job_id, last, BATCH)
             if not tail:
                 yield ServerSentEvent(data={"status": current.status.value}, event="end", id=str(last))
