@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
@@ -335,9 +336,24 @@ def guard(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
         proposals = ctx.rules_generation.generate(GenerationInput(
             workload=ctx.spec.workload, search_space=ctx.spec.search_space, reference=inp.reference,
             analysis=analysis)).proposals
-    _say(ctx, job_id, iteration, "guard", "verdict", {"admitted": None, "rejected": rejected},
-         "search space exhausted")
-    return {"candidate": None, "stop_reason": "search space exhausted"}
+    reason = _exhausted(ctx, tried, rejected)
+    _say(ctx, job_id, iteration, "guard", "verdict", {"admitted": None, "rejected": rejected}, reason)
+    return {"candidate": None, "stop_reason": reason}
+
+
+def _exhausted(ctx: LoopContext, tried: list[Trial], rejected: list[dict[str, Any]]) -> str:
+    """The stop reason when nothing is admitted, saying why: "exhausted" after one trial reads as a
+    bug when every configuration left is predicted to run out of memory."""
+    left = [v for v in ctx.guard.check_all(ctx.pool, tried, ctx.prior)]
+    admissible = sum(v.admitted for v in left)
+    if admissible == 0:
+        why = Counter(v.rule for v in left)
+        return (f"search space exhausted: the guard admits none of its {len(left)} configurations ("
+                + ", ".join(f"{n} {rule}" for rule, n in why.most_common()) + ")")
+    refused = Counter(r["rule"] for r in rejected)
+    return (f"search space exhausted: the agents proposed none of the {admissible} configurations the guard "
+            f"still admits" + (" (they proposed " + ", ".join(f"{n} {rule}" for rule, n in refused.most_common())
+                               + ")" if refused else ""))
 
 
 def finish(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:

@@ -160,8 +160,8 @@ class ReplayDefaults(BaseModel):
     recompute: Literal["none", "selective", "full"] = Field(
         "none", description="Megatron-LM's default: no activation recompute.")
     sequence_parallel: bool = Field(
-        False, description="Megatron-LM's default. Exception, not a setting: an MoE row with EP > 1 and TP > 1 "
-                           "ran, and recipes run that layout with SP, so SP was on. (A 'true' cell "
+        False, description="Megatron-LM's default. Exception, not a setting: an MoE row with TP > 1 ran, and "
+                           "Megatron-LM refuses that layout without SP, so SP was on. (A 'true' cell "
                            "at TP 1 reads as False: Megatron-LM turns SP off there.)")
     distributed_optimizer: bool = Field(
         True, description="All published performance recipes in shared/data run the distributed optimizer; "
@@ -545,7 +545,8 @@ def _build_strategy(p: _Parse, ints: dict[str, int | None], args: dict[str, str]
             p.unknown[name] = list(UNKNOWN_DOMAINS[name])
     tp, ep = ints["tp"], ints["ep"] or d.expert_model_parallel_size
     recipe = d.recipe_flags and _from_recipe(p.text("source"))
-    sp_default = d.sequence_parallel or (model.is_moe and ep > 1 and tp > 1) or (recipe and tp > 1)
+    # An MoE model with TP > 1 runs with sequence parallelism (Megatron-LM refuses it otherwise).
+    sp_default = d.sequence_parallel or (model.is_moe and tp > 1) or (recipe and tp > 1)
     try:
         sp = parse_bool(p.cells.get("sequence_parallel"))
         dist_opt = parse_distributed_optimizer(p.cells.get("distributed_optimizer"))

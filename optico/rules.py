@@ -3,9 +3,10 @@ tuned knobs, and nothing stricter.
 
 Two kinds of rule:
 - structural ones here, with the workload's numbers: heads, query groups and FFN widths over
-  TP (and expert FFN over ETP), both parallel grids over the world (`optico.parallel`), the
-  batch over MBS·DP, the pipeline split, the interleaved schedule's micro-batches, CP's
-  sequence split, experts over EP;
+  TP (and expert FFN over ETP), Mamba heads and groups over TP and CP, both parallel grids over
+  the world (`optico.parallel`), the batch over MBS·DP, the pipeline split, the interleaved
+  schedule's micro-batches, CP's sequence split, experts over EP, sequence parallelism for MoE
+  with TP, and what needs Transformer Engine (CP, TE-only knobs) under `attention_backend: local`;
 - couplings between knobs, declared once in `optico.knobs` (`Knob.requires`) and checked for
   every knob that is off its default.
 
@@ -31,7 +32,8 @@ __all__ = ["Violation", "InvalidStrategy", "Rule", "RULES", "violations", "check
 
 _TP, _PP, _CP = "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"
 _EP, _ETP, _VPP = "expert_model_parallel_size", "expert_tensor_parallel_size", "virtual_pipeline_model_parallel_size"
-_MBS = "micro_batch_size"
+_MBS, _SP = "micro_batch_size", "sequence_parallel"
+_TE_ONLY: tuple[Knob, ...] = tuple(k for k in KNOBS if k.te_only)
 
 
 class InvalidStrategy(ValueError):
@@ -70,6 +72,51 @@ def _heads(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
     for what, width in m.dense_ffn_widths():
         if width % tp:
             out.append(Violation((_TP,), f"{what} ({width}) must be divisible by TP ({tp})"))
+    return out
+
+
+def _mamba_heads(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
+    """Mamba mixers split their heads and groups over TP, then over CP (megatron-core MambaMixer and
+    MambaContextParallel): every rank needs whole heads and whole (or evenly shared) groups."""
+    m = w.model
+    if not any(mixer == "mamba" for mixer, _ in m.layer_kinds()):
+        return []
+    heads, groups, tp, cp, out = m.mamba_heads, m.mamba_num_groups, s.tp, s.cp, []
+    if heads % tp:
+        out.append(Violation((_TP,), f"Mamba heads ({heads}) must be divisible by TP ({tp})"))
+    if groups % tp:
+        out.append(Violation((_TP,), f"mamba_num_groups ({groups}) must be divisible by TP ({tp})"))
+    if out or cp == 1:
+        return out
+    local_groups = groups // tp
+    if (heads // tp) % cp:
+        out.append(Violation((_CP, _TP), f"Mamba heads per TP rank ({heads // tp}) must be divisible by CP ({cp})"))
+    elif (cp % local_groups) if local_groups < cp else (local_groups % cp):
+        out.append(Violation((_CP, _TP), f"Mamba groups per TP rank ({local_groups}) and CP ({cp}) must divide "
+                                         f"one another"))
+    return out
+
+
+def _moe_sequence_parallel(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
+    """Megatron-LM's validate_args ("When using MoE and tensor parallelism, sequence parallelism must
+    be used") and megatron-core's MoELayer, which raises at the first training step without it."""
+    if w.model.is_moe and s.tp > 1 and not s.sequence_parallel:
+        return [Violation((_SP, _TP), f"an MoE model with TP > 1 (TP is {s.tp}) needs sequence parallelism")]
+    return []
+
+
+def _transformer_engine(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
+    """`attention_backend: local` stands for --transformer-impl local: no Transformer Engine, so no
+    context parallelism (megatron-core's DotProductAttention asserts CP 1) and no TE-only knob."""
+    if w.attention_backend != "local":
+        return []
+    out = []
+    if s.cp > 1:
+        out.append(Violation((_CP,), f"context parallelism (CP {s.cp}) needs Transformer Engine's attention; "
+                                     f"attention_backend is local"))
+    for k in _TE_ONLY:
+        if k.active(s):
+            out.append(Violation((k.name,), f"{k.name} needs Transformer Engine; attention_backend is local"))
     return out
 
 
@@ -141,6 +188,9 @@ _SPLIT_FIELDS = frozenset({_PP, _VPP, "decoder_first_pipeline_num_layers", "deco
                            "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"})
 STRUCTURAL: tuple[Rule, ...] = (
     Rule(frozenset({_TP}), _heads),
+    Rule(frozenset({_TP, _CP}), _mamba_heads),
+    Rule(frozenset({_TP, _SP}), _moe_sequence_parallel),
+    Rule(frozenset({_CP} | {k.name for k in _TE_ONLY}), _transformer_engine),
     Rule(frozenset({_TP, _ETP}), _expert_width),
     Rule(frozenset({_EP}), _experts),
     Rule(frozenset({_TP, _PP, _CP}), _dense_grid),

@@ -25,6 +25,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PositiveInt, Va
 
 from optico.errors import SpecError, loc_fields
 from optico.input_files import MAX_SPEC_BYTES, check_replay_csv, decode_text, read_text, resolve
+from optico.knobs import knob
 from optico.perfmodel.constants import read_calibration
 from optico.programs import ProgramSpec
 from optico.redact import is_optico_own
@@ -287,7 +288,12 @@ def _validated(cls: type[BaseModel], data: Any, where: str) -> Any:
         return cls.model_validate(data, strict=True)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise SpecError(_loc(where, err), _message(err)) from None
+        field, message = _loc(where, err), _message(err)
+        # A model's own check names the field it refuses first ("precision: fp8 needs ..."): point there.
+        name, sep, reason = message.partition(": ")
+        if err["type"] == "value_error" and sep and name in getattr(cls, "model_fields", {}) and not err["loc"]:
+            field, message = f"{field}.{name}", reason
+        raise SpecError(field, message) from None
 
 
 def _mapping(data: Any, where: str) -> dict[str, Any]:
@@ -411,9 +417,12 @@ def _search_space(raw: Any, w: Workload) -> SearchSpace:
         raise SpecError("search_space", text) from None
     size = space.size()
     if size > MAX_SPACE_COMBINATIONS:
-        sizes = " x ".join(f"{f} {len(d)}" for f, d in space.tunables.items() if len(d) > 1)
-        raise SpecError("search_space.tunables", f"{size:,} combinations ({sizes}) are more than the limit of "
-                                                 f"{MAX_SPACE_COMBINATIONS:,}; tune fewer knobs or list fewer values")
+        # The advice first and the widest domains after it: the error line is clipped, never the advice.
+        widest = sorted(((len(d), f) for f, d in space.tunables.items() if len(d) > 1), reverse=True)
+        shown = ", ".join(f"{f} {n}" for n, f in widest[:5]) + (f", {len(widest) - 5} more" if len(widest) > 5 else "")
+        raise SpecError("search_space.tunables", f"{size:,} combinations are more than the limit of "
+                                                 f"{MAX_SPACE_COMBINATIONS:,}; tune fewer knobs or list fewer values "
+                                                 f"(values per knob: {shown})")
     return space
 
 
@@ -487,7 +496,11 @@ def _baseline(raw: Any, w: Workload, space: SearchSpace) -> Strategy | None:
         raise SpecError(_loc("baseline", err), _message(err)) from None
     broken = violations(w, strategy)
     if broken:
-        raise SpecError(f"baseline.{broken[0].params[0]}", str(broken[0]))
+        # The field the spec set off its default (pp: 5), not the first the rule reads (TP, left at 1).
+        params = broken[0].params
+        field = next((p for p in params if p in given and given[p] != knob(p).default),
+                     next((p for p in params if p in given), params[0] if params else ""))
+        raise SpecError(f"baseline.{field}" if field else "baseline", str(broken[0]))
     outside = space.outside(strategy)
     if outside:
         raise SpecError("baseline", f"outside the search space: {outside[0]}")

@@ -96,6 +96,10 @@ class ModelArch(BaseModel):
                                  f"(M Mamba, * attention, - MLP, E MoE)")
             if len(pattern) != self.num_layers:
                 raise ValueError(f"hybrid_override_pattern has {len(pattern)} layers, num_layers is {self.num_layers}")
+            if "M" in pattern and self.mamba_heads % self.mamba_num_groups:
+                # megatron-core's MambaMixer: every group holds a whole number of heads.
+                raise ValueError(f"Mamba heads ({self.mamba_heads}) must be divisible by mamba_num_groups "
+                                 f"({self.mamba_num_groups})")
         return self
 
     @property
@@ -373,6 +377,18 @@ class Workload(BaseModel):
                             "'unfused' and 'local' keep the s² attention scores in memory; the others do not.")
     cluster: Cluster
     framework: Framework = Framework()
+
+    @model_validator(mode="after")
+    def _check(self) -> "Workload":
+        if self.precision == "fp8":
+            # Transformer Engine's fp8 GEMMs need fp8 tensor cores (Ada, Hopper, Blackwell, CDNA3).
+            if "fp8" not in self.cluster.spec.peak_tflops:
+                raise ValueError(f"precision: fp8 needs a GPU with fp8 tensor cores; {self.cluster.gpu} has none "
+                                 f"(use bf16 or fp16)")
+            if self.attention_backend == "local":
+                raise ValueError("precision: fp8 needs Transformer Engine; attention_backend local "
+                                 "(--transformer-impl local) has none")
+        return self
 
     @property
     def world_size(self) -> int:

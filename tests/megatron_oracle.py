@@ -169,6 +169,8 @@ def _run_time(w: Workload, s: Strategy) -> list[str]:
             out.append("experts: moe_ffn_hidden_size not divisible by ETP")
         if s.moe_token_dispatcher_type == "flex" and s.etp * s.ep <= 1:
             out.append("MoEFlexTokenDispatcher: TPxEP > 1")
+        if s.tp > 1 and not s.sequence_parallel:
+            out.append("MoELayer.forward (training): TP > 1 without sequence parallelism")
     return out
 
 
@@ -187,6 +189,8 @@ def _validate_args(w: Workload, s: Strategy) -> list[str]:
             out.append("validate_args: interleaved schedule needs PP > 1")
         if not s.overlap_p2p_comm and s.pp <= 2:
             out.append("validate_args: interleaved schedule without p2p overlap needs PP > 2")
+    if m.is_moe and s.tp > 1 and not s.sequence_parallel:
+        out.append("validate_args: MoE with TP > 1 needs sequence parallelism")
     if s.ep > 1 and (m.num_experts is None or m.num_experts % s.ep):
         out.append("validate_args: num_experts must be a multiple of EP")
     if s.cp > 1 and w.seq_length % (2 * s.cp):

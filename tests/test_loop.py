@@ -498,3 +498,28 @@ def test_a_trial_interrupted_at_every_launch_is_lost_after_max_launches(db_url: 
     assert lost.status is TrialStatus.LOST and lost.attempts == MAX_LAUNCHES
     assert f"launched {MAX_LAUNCHES} times and never finished" in lost.failure.summary
     store.close()
+
+
+def test_a_job_with_nothing_left_to_try_says_why(db_url: str):
+    """A 405B model on one node from a spec's baseline stopped after one trial with "search space
+    exhausted", which read as a bug: every other configuration is predicted to run out of memory."""
+    from optico.spec import parse_spec_text
+
+    spec = parse_spec_text("""
+name: too-big
+workload:
+  model: llama3.1-405b
+  seq_length: 8192
+  global_batch_size: 64
+  cluster: {gpu: h100-sxm, gpus_per_node: 8, nodes: 1}
+search_space: {tunables: [tp, pp, mbs, sp, recompute]}
+baseline: {tp: 8, pp: 1, mbs: 1, recompute: full, sp: true}
+budget: {max_trials: 6}
+launcher: {kind: sim}
+""")
+    with SqlStore(db_url) as store:
+        job_id = store.create_job(spec)
+        job = run_job(store, db_url, job_id)
+        assert job.status is JobStatus.FAILED and len(store.trials(job_id)) == 1
+        assert job.stop_reason.startswith("search space exhausted: the guard admits none of its ")
+        assert "predicted-oom" in job.stop_reason and "1 duplicate" in job.stop_reason

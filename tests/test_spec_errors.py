@@ -52,6 +52,19 @@ CASES = [
      "not a valid tensor_model_parallel_size"),
     (GOOD + "baseline: {tp: 3, pp: 1, mbs: 1}\n", "baseline.tensor_model_parallel_size", "divisible"),
     (GOOD + "baseline: {tp: 2, pp: 1, mbs: 1, warp_speed: 9}\n", "baseline", "unknown strategy parameter"),
+    # The field set off its default is named, not the first one the rule reads (TP, left at 1).
+    (GOOD + "baseline: {tp: 1, pp: 5}\n", "baseline.pipeline_model_parallel_size", "divisible by TP·PP·CP"),
+    # Transformer Engine's fp8 needs fp8 tensor cores: an A100 run was accepted and measured against bf16.
+    (GOOD.replace("precision: bf16", "precision: fp8"), "workload.precision", "fp8 needs a GPU with fp8"),
+    (GOOD.replace("precision: bf16", "precision: fp8\n  attention_backend: local")
+     .replace("gpu: a100-80gb", "gpu: h100-sxm"), "workload.precision", "fp8 needs Transformer Engine"),
+    (GOOD.replace("model: llama3-8b", "model: {preset: nemotron-h-8b, mamba_num_heads: 100}"), "workload.model",
+     "Mamba heads (100) must be divisible by mamba_num_groups (8)"),
+    # The advice survives the one-line clip: it comes before the list of domain sizes.
+    (GOOD.replace("tunables: [tp, pp, mbs]", "tunables: [tp, pp, vpp, mbs, sp, recompute, recompute_method, "
+                  "recompute_num_layers, overlap_grad_reduce, cross_entropy_loss_fusion, "
+                  "decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers]"),
+     "search_space.tunables", "tune fewer knobs or list fewer values"),
     (GOOD + "budget: {max_trials: 0}\n", "budget.max_trials", "greater than 0"),
     (GOOD + "budget: {target_mfu: 1.5}\n", "budget.target_mfu", "less than or equal to 1"),
     (GOOD + "launcher: {kind: slurm}\n", "launcher.kind", "sim"),

@@ -114,8 +114,10 @@ def test_moe_rules():
                for v in violations(w, tp4_ep8))
     # With ETP 1 EP may exceed DP·CP (4 here): megatron-core runs it.
     assert not violations(w, tp4_ep8.changed(expert_tensor_parallel_size=1))
-    # EP with TP > 1 without SP: megatron-core only warns.
-    assert not violations(w, Strategy(tensor_model_parallel_size=2, expert_model_parallel_size=2))
+    # MoE with TP > 1 without SP: ModelParallelConfig only warns, but MoELayer raises at the first
+    # training step and Megatron-LM's validate_args refuses it.
+    assert [v.params for v in violations(w, Strategy(tensor_model_parallel_size=2, expert_model_parallel_size=2))] \
+        == [("sequence_parallel", "tensor_model_parallel_size")]
     assert any("moe_ffn_hidden_size (14336) must be divisible by ETP (3)" in v.message
                for v in violations(w, Strategy(expert_tensor_parallel_size=3)))
     assert not violations(w, Strategy(tensor_model_parallel_size=2, expert_model_parallel_size=8,
@@ -193,3 +195,65 @@ def test_count_changes_is_the_size_of_the_diff() -> None:
     assert a.count_changes(a) == 0 and a.count_changes(b) == len(a.diff(b)) == 3
     c = b.model_copy(update={"micro_batch_size": 1})
     assert a.count_changes(c) == len(a.diff(c)) == 2
+
+
+def test_moe_with_tp_needs_sequence_parallelism():
+    """megatron-core's MoELayer raises at the first training step without it (and Megatron-LM's
+    validate_args refuses it): such configurations were launched and reported as successes."""
+    w = Workload(model=PRESETS["mixtral-8x7b"], seq_length=4096, global_batch_size=256,
+                 cluster=Cluster(gpu="h100-sxm", gpus_per_node=8, nodes=4))
+    broken = violations(w, Strategy(tensor_model_parallel_size=2, expert_model_parallel_size=8))
+    assert [v.params for v in broken] == [("sequence_parallel", "tensor_model_parallel_size")]
+    assert "needs sequence parallelism" in broken[0].message
+    assert not violations(w, Strategy(tensor_model_parallel_size=2, expert_model_parallel_size=8,
+                                      sequence_parallel=True))
+    dense = w.model_copy(update={"model": PRESETS["llama3-8b"]})
+    assert not violations(dense, Strategy(tensor_model_parallel_size=2))
+
+
+def test_mamba_heads_and_groups_split_over_tp_and_cp():
+    """megatron-core's MambaMixer asserts heads and groups divisible by TP, MambaContextParallel the
+    same per TP rank over CP; TP4 and TP8 were launched for a model with two Mamba groups."""
+    model = PRESETS["nemotron-h-8b"].model_copy(update={"mamba_num_groups": 2})  # 128 heads
+    w = Workload(model=model, seq_length=8192, global_batch_size=64,
+                 cluster=Cluster(gpu="h100-sxm", gpus_per_node=8, nodes=1))
+    assert not violations(w, Strategy(tensor_model_parallel_size=2))
+    assert [v.message for v in violations(w, Strategy(tensor_model_parallel_size=4))] == [
+        "mamba_num_groups (2) must be divisible by TP (4)"]
+    assert not violations(w, Strategy(tensor_model_parallel_size=2, context_parallel_size=2))  # CP shares 1 group
+    # 96 heads in 8 groups: TP 2 leaves 48 heads and 4 groups a rank; CP 3 splits the heads, not the groups.
+    odd = w.model_copy(update={"model": model.model_copy(update={"mamba_num_heads": 96, "mamba_num_groups": 8}),
+                               "seq_length": 6144,
+                               "cluster": Cluster(gpu="h100-sxm", gpus_per_node=8, nodes=1, num_gpus=24 // 4)})
+    assert [v.message for v in violations(odd, Strategy(tensor_model_parallel_size=2, context_parallel_size=3))] == [
+        "Mamba groups per TP rank (4) and CP (3) must divide one another"]
+    assert not violations(odd.model_copy(update={"cluster": w.cluster}),
+                          Strategy(tensor_model_parallel_size=2, context_parallel_size=4))
+
+
+def test_a_model_without_transformer_engine_refuses_cp_and_te_only_knobs():
+    """attention_backend local (--transformer-impl local): DotProductAttention asserts CP 1."""
+    w = Workload(model=PRESETS["llama3-8b"], seq_length=8192, global_batch_size=64, attention_backend="local",
+                 cluster=Cluster(gpu="h100-sxm", gpus_per_node=8, nodes=1))
+    cp = violations(w, Strategy(context_parallel_size=2))
+    assert [v.params for v in cp] == [("context_parallel_size",)] and "Transformer Engine" in cp[0].message
+    overlap = violations(w, Strategy(tensor_model_parallel_size=2, sequence_parallel=True, tp_comm_overlap=True))
+    assert [v.params for v in overlap] == [("tp_comm_overlap",)]
+    auto = w.model_copy(update={"attention_backend": "auto"})
+    assert not violations(auto, Strategy(context_parallel_size=2))
+
+
+def test_tp_stays_inside_a_node():
+    """On 6-GPU nodes TP 4 puts groups across two nodes: not worth trying, and modelled as crossing."""
+    from optico.perfmodel.constants import Constants
+    from optico.perfmodel.layout import _link_bw
+    from optico.search_space import default_domain
+
+    c = Constants()
+
+    six = Workload(model=PRESETS["llama3-8b"], seq_length=4096, global_batch_size=96,
+                   cluster=Cluster(gpu="h100-sxm", gpus_per_node=6, nodes=2))
+    assert default_domain("tensor_model_parallel_size", six) == [1, 2]
+    assert _link_bw(six, c, 4) < _link_bw(six, c, 2)
+    one_node = six.model_copy(update={"cluster": Cluster(gpu="h100-sxm", gpus_per_node=6, nodes=1, num_gpus=4)})
+    assert _link_bw(one_node, c, 4) == _link_bw(one_node, c, 2)
