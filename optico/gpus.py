@@ -34,10 +34,12 @@ class GpuSpec(BaseModel):
     source: str = Field("", description="Where the figures come from (vendor datasheet).")
 
     def peak(self, precision: str) -> float:
-        """Dense peak TFLOP/s for `precision`; fp8 falls back to bf16 where the GPU has none."""
-        if precision in self.peak_tflops:
-            return self.peak_tflops[precision]
-        return self.peak_tflops["bf16"]
+        """Dense peak TFLOP/s for `precision`. A workload refuses a precision its GPU has no tensor
+        cores for (`Workload`); unchecked, fp8 falls back to bf16 and bf16 to fp16."""
+        for name in (precision, "bf16", "fp16"):
+            if name in self.peak_tflops:
+                return self.peak_tflops[name]
+        raise KeyError(f"{self.name} has no peak for {precision}")
 
 
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)"
@@ -57,9 +59,10 @@ _V100 = "NVIDIA V100 Tensor Core GPU datasheet (125 TFLOPS tensor, NVLink 300 GB
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in [
-        GpuSpec(name="v100-16gb", arch="volta", memory_gib=15.8, peak_tflops={"fp16": 125.0, "bf16": 125.0},
+        # Volta's tensor cores do fp16 only: bf16 there is emulated (compute capability 7.0).
+        GpuSpec(name="v100-16gb", arch="volta", memory_gib=15.8, peak_tflops={"fp16": 125.0},
                 hbm_gbps=900, nvlink_gbps=150, network_gbps=12.5, host_gbps=12, source=_V100),
-        GpuSpec(name="v100-32gb", arch="volta", memory_gib=31.7, peak_tflops={"fp16": 125.0, "bf16": 125.0},
+        GpuSpec(name="v100-32gb", arch="volta", memory_gib=31.7, peak_tflops={"fp16": 125.0},
                 hbm_gbps=900, nvlink_gbps=150, network_gbps=12.5, host_gbps=12, source=_V100),
         GpuSpec(name="a100-40gb", arch="ampere", memory_gib=39.4, peak_tflops={"fp16": 312.0, "bf16": 312.0},
                 hbm_gbps=1555, nvlink_gbps=300, network_gbps=25, source=_A100),

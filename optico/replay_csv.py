@@ -156,7 +156,8 @@ class ReplayDefaults(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     precision: Precision = Field("bf16", description="The training precision of every recent recipe; "
-                                                     "the H100 README table's MFU only fits the BF16 peak.")
+                                                     "the H100 README table's MFU only fits the BF16 peak. "
+                                                     "fp16 on a GPU without bf16 tensor cores (V100).")
     recompute: Literal["none", "selective", "full"] = Field(
         "none", description="Megatron-LM's default: no activation recompute.")
     sequence_parallel: bool = Field(
@@ -668,7 +669,10 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
         p.problems.append(f"unknown GPU {p.text('gpu')!r}")
     try:
         precision = _parse_precision_cell(cells.get("precision"))
-        precision = defaults.precision if precision is UNKNOWN else precision
+        if precision is UNKNOWN:
+            # The default, unless the GPU has no tensor cores for it: a V100 table trained in fp16.
+            peaks = GPUS[gpu_key].peak_tflops if gpu_key in GPUS else {}
+            precision = defaults.precision if defaults.precision in peaks or not peaks else "fp16"
     except CellError as err:
         p.problems.append(f"precision {err}")
         precision = None

@@ -380,11 +380,12 @@ class Workload(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "Workload":
+        if self.precision not in self.cluster.spec.peak_tflops:
+            # fp8 GEMMs need fp8 tensor cores (Ada, Hopper, Blackwell, CDNA3), bf16 ones Ampere or later.
+            instead = " or ".join(p for p in ("bf16", "fp16") if p in self.cluster.spec.peak_tflops)
+            raise ValueError(f"precision: {self.precision} needs a GPU with {self.precision} tensor cores; "
+                             f"{self.cluster.gpu} has none (use {instead})")
         if self.precision == "fp8":
-            # Transformer Engine's fp8 GEMMs need fp8 tensor cores (Ada, Hopper, Blackwell, CDNA3).
-            if "fp8" not in self.cluster.spec.peak_tflops:
-                raise ValueError(f"precision: fp8 needs a GPU with fp8 tensor cores; {self.cluster.gpu} has none "
-                                 f"(use bf16 or fp16)")
             if self.attention_backend == "local":
                 raise ValueError("precision: fp8 needs Transformer Engine; attention_backend local "
                                  "(--transformer-impl local) has none")

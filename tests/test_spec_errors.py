@@ -56,6 +56,8 @@ CASES = [
     (GOOD + "baseline: {tp: 1, pp: 5}\n", "baseline.pipeline_model_parallel_size", "divisible by TP·PP·CP"),
     # Transformer Engine's fp8 needs fp8 tensor cores: an A100 run was accepted and measured against bf16.
     (GOOD.replace("precision: bf16", "precision: fp8"), "workload.precision", "fp8 needs a GPU with fp8"),
+    (GOOD.replace("gpu: a100-80gb", "gpu: v100-32gb"), "workload.precision",
+     "bf16 needs a GPU with bf16 tensor cores; v100-32gb has none (use fp16)"),
     (GOOD.replace("precision: bf16", "precision: fp8\n  attention_backend: local")
      .replace("gpu: a100-80gb", "gpu: h100-sxm"), "workload.precision", "fp8 needs Transformer Engine"),
     (GOOD.replace("model: llama3-8b", "model: {preset: nemotron-h-8b, mamba_num_heads: 100}"), "workload.model",
