@@ -344,7 +344,7 @@ def guard(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
 def _exhausted(ctx: LoopContext, tried: list[Trial], rejected: list[dict[str, Any]]) -> str:
     """The stop reason when nothing is admitted, saying why: "exhausted" after one trial reads as a
     bug when every configuration left is predicted to run out of memory."""
-    left = [v for v in ctx.guard.check_all(ctx.pool, tried, ctx.prior)]
+    left = ctx.guard.check_all(ctx.pool, tried, ctx.prior)
     admissible = sum(v.admitted for v in left)
     if admissible == 0:
         why = Counter(v.rule for v in left)

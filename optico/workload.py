@@ -385,10 +385,9 @@ class Workload(BaseModel):
             instead = " or ".join(p for p in ("bf16", "fp16") if p in self.cluster.spec.peak_tflops)
             raise ValueError(f"precision: {self.precision} needs a GPU with {self.precision} tensor cores; "
                              f"{self.cluster.gpu} has none (use {instead})")
-        if self.precision == "fp8":
-            if self.attention_backend == "local":
-                raise ValueError("precision: fp8 needs Transformer Engine; attention_backend local "
-                                 "(--transformer-impl local) has none")
+        if self.precision == "fp8" and self.attention_backend == "local":
+            raise ValueError("precision: fp8 needs Transformer Engine; attention_backend local "
+                             "(--transformer-impl local) has none")
         return self
 
     @property
