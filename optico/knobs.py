@@ -146,13 +146,12 @@ def _powers_of_two(limit: int) -> list[int]:
 
 
 def _tp_domain(w: "Workload") -> list[int]:
-    # TP groups are consecutive ranks: a TP that does not divide the node (4 on 6-GPU nodes) puts
-    # some groups across two nodes, where each layer's all-reduces cross the network. A job inside
-    # one node (or one NVL72 domain) has no such boundary.
-    m, per_node = w.model, w.cluster.gpus_per_node
-    return [t for t in _powers_of_two(per_node)
+    # TP groups are consecutive ranks: one that straddles two nodes (TP 4 on 6-GPU nodes) sends each
+    # layer's all-reduces over the network.
+    m = w.model
+    return [t for t in _powers_of_two(w.cluster.gpus_per_node)
             if m.num_attention_heads % t == 0 and (m.groups % t == 0 or t % m.groups == 0) and w.world_size % t == 0
-            and (per_node % t == 0 or w.world_size <= per_node)]
+            and w.cluster.keeps_in_node(t)]
 
 
 def _pp_domain(w: "Workload") -> list[int]:

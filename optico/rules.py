@@ -91,7 +91,7 @@ def _mamba_heads(w: Workload, s: Strategy, d: ParallelDims) -> list[Violation]:
     local_groups = groups // tp
     if (heads // tp) % cp:
         out.append(Violation((_CP, _TP), f"Mamba heads per TP rank ({heads // tp}) must be divisible by CP ({cp})"))
-    elif (cp % local_groups) if local_groups < cp else (local_groups % cp):
+    elif max(local_groups, cp) % min(local_groups, cp):
         out.append(Violation((_CP, _TP), f"Mamba groups per TP rank ({local_groups}) and CP ({cp}) must divide "
                                          f"one another"))
     return out

@@ -337,6 +337,12 @@ class Cluster(BaseModel):
     def world_size(self) -> int:
         return self.num_gpus or self.gpus_per_node * self.nodes
 
+    def keeps_in_node(self, span: int) -> bool:
+        """Whether every group of `span` consecutive ranks stays inside one node: the span divides the
+        node, or the whole job fits in one node (an NVL72 domain). Otherwise some groups straddle two."""
+        return span <= self.gpus_per_node and (self.gpus_per_node % span == 0
+                                               or self.world_size <= self.gpus_per_node)
+
     @property
     def nodes_used(self) -> int:
         return -(-self.world_size // self.gpus_per_node)

@@ -66,13 +66,10 @@ class Layout:
 
 
 def _link_bw(w: Workload, c: Constants, group_span: int) -> float:
-    """Bandwidth a collective over `group_span` consecutive ranks sees (GB/s, effective). Groups stay
-    inside a node when the span divides it (or the whole job fits in one node); otherwise some groups
-    straddle two nodes, and every rank waits for the slowest group."""
+    """Bandwidth a collective over `group_span` consecutive ranks sees (GB/s, effective). Where some
+    groups straddle two nodes, every rank waits for the slowest group: network bandwidth."""
     cluster, gpu = w.cluster, w.cluster.spec
-    per_node = cluster.gpus_per_node
-    in_node = group_span <= per_node and (per_node % group_span == 0 or w.world_size <= per_node)
-    if in_node and w.world_size > 1:
+    if cluster.keeps_in_node(group_span) and w.world_size > 1:
         nominal = gpu.nvlink_gbps if cluster.interconnect == "nvlink" else 25.0
         return nominal * c.nvlink_efficiency
     return cluster.inter_node_gbps * c.network_efficiency
