@@ -45,6 +45,8 @@ class GpuSpec(BaseModel):
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet (nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf)"
 _A800 = "NVIDIA A800 Tensor Core GPU datasheet (A100 silicon, NVLink limited to 400 GB/s)"
 _H100 = "NVIDIA H100 Tensor Core GPU datasheet (resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet); dense = half the sparse figures"
+_H100NVL = ("NVIDIA H100 Tensor Core GPU datasheet, H100 NVL column: 94 GB HBM3 (nvidia-smi: 95,830 MiB) at 3.9 TB/s, "
+            "1,671 BF16 / 3,341 FP8 TFLOPS with sparsity, NVLink bridge 600 GB/s between a pair, PCIe Gen5")
 _H800 = "NVIDIA H800 Tensor Core GPU datasheet (H100 SXM silicon, NVLink 400 GB/s)"
 _H20 = "NVIDIA H20 product brief (96 GB HBM3, 4.0 TB/s, 148 dense BF16 / 296 FP8 TFLOPS, NVLink 900 GB/s)"
 _H200 = "NVIDIA H200 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h200/)"
@@ -76,6 +78,9 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec(name="h100-pcie", arch="hopper", memory_gib=79.6,
                 peak_tflops={"fp16": 756.0, "bf16": 756.0, "fp8": 1513.0},
                 hbm_gbps=2000, nvlink_gbps=300, network_gbps=50, host_gbps=50, source=_H100),
+        GpuSpec(name="h100-nvl", arch="hopper", memory_gib=93.6,
+                peak_tflops={"fp16": 835.5, "bf16": 835.5, "fp8": 1670.5},
+                hbm_gbps=3900, nvlink_gbps=300, network_gbps=50, host_gbps=50, source=_H100NVL),
         GpuSpec(name="h800-sxm", arch="hopper", memory_gib=79.6,
                 peak_tflops={"fp16": 989.0, "bf16": 989.0, "fp8": 1979.0},
                 hbm_gbps=3350, nvlink_gbps=200, network_gbps=50, host_gbps=50, source=_H800),
@@ -122,40 +127,65 @@ _NOISE = {"nvidia", "amd", "instinct", "tesla", "sxm", "sxm2", "sxm4", "sxm5", "
 _MEMORY = re.compile(r"^(\d+)(gb|g|gib)?$")
 
 
-def normalize_gpu_name(raw: str) -> str:
-    """The catalog key for a name as sources write it: 'A100-80GB (Selene)', 'NVIDIA H100 80GB HBM3',
-    'H100-SXM-80GB', 'A800-80GB', 'H800', 'GB200 (DGX-GB200)', 'AMD Instinct MI300X', 'L40S'.
-    A name it cannot place comes back lower-cased and dashed (not a key: callers say so)."""
+# Models sold with more than one memory size: the catalog key per size stated in GB, and under None
+# the one a table that writes the bare model means (the published tables' "A100 (DGX-A100)" ran on
+# 80 GB parts). A spec must say which (`gpu_key`): an A100-40GB read as 80 GB would have every memory
+# prediction off by half.
+_SIZES: dict[str, dict[int | None, str]] = {
+    "a100": {40: "a100-40gb", 80: "a100-80gb", None: "a100-80gb"},
+    "v100": {16: "v100-16gb", 32: "v100-32gb", None: "v100-16gb"},
+}
+
+
+def _parse(raw: str) -> tuple[str, str | None, int | None]:
+    """(catalog key or the name lower-cased and dashed, the model word, the memory size stated in GB)."""
     text = re.sub(r"\(.*?\)", " ", raw).strip().lower()
     if text in GPUS:
-        return text
+        return text, None, None
     tokens = [t for t in re.split(r"[\s_\-/,]+", text) if t]
-    model, memory, pcie = None, None, False
+    model, memory, variant = None, None, None
     for token in tokens:
         size = _MEMORY.match(token)
         if size and token[0].isdigit():
             memory = int(size.group(1))
         elif token in ("pcie", "pci", "nvl"):
-            pcie = token != "nvl"
+            variant = "nvl" if token == "nvl" else "pcie"
         elif token not in _NOISE and model is None:
             joined = re.match(r"^([a-z]+\d+[a-z]*?)(\d+gb)?$", token)  # 'a100' or 'h100' or 'a10080gb'
             model = joined.group(1) if joined else token
             if joined and joined.group(2):
                 memory = int(joined.group(2)[:-2])
+    unplaced = re.sub(r"[\s_]+", "-", text)
     if model is None:
-        return re.sub(r"[\s_]+", "-", text)
-    if model in ("v100",):
-        return "v100-32gb" if memory == 32 else "v100-16gb"
-    if model == "a100":
-        return "a100-40gb" if memory == 40 else "a100-80gb"
+        return unplaced, None, memory
+    if model in _SIZES:
+        return _SIZES[model].get(memory, _SIZES[model][None]), model, memory
     if model == "a800":
-        return "a800-80gb"
+        return "a800-80gb", model, memory
     if model == "h100":
-        return "h100-pcie" if pcie else "h100-sxm"
+        return f"h100-{variant or 'sxm'}", model, memory
     if model == "h800":
-        return "h800-sxm"
-    key = model
-    return key if key in GPUS else re.sub(r"[\s_]+", "-", text)
+        return "h800-sxm", model, memory
+    return (model if model in GPUS else unplaced), model, memory
+
+
+def normalize_gpu_name(raw: str) -> str:
+    """The catalog key for a name as sources write it: 'A100-80GB (Selene)', 'NVIDIA H100 80GB HBM3',
+    'H100-SXM-80GB', 'H100 NVL', 'A800-80GB', 'H800', 'GB200 (DGX-GB200)', 'AMD Instinct MI300X', 'L40S'.
+    A name it cannot place comes back lower-cased and dashed (not a key: callers say so)."""
+    return _parse(raw)[0]
+
+
+def gpu_key(raw: str) -> str:
+    """The catalog key for a GPU a user names (a spec's `cluster.gpu`): as `normalize_gpu_name`, but a
+    model sold with several memory sizes must say which. ValueError says what is missing."""
+    key, model, memory = _parse(raw)
+    if model in _SIZES and memory is None:
+        sizes = sorted({k for m, k in _SIZES[model].items() if m is not None})
+        raise ValueError(f"{raw[:60]!r} does not say its memory size: {' or '.join(sizes)}")
+    if key not in GPUS:
+        raise ValueError(f"unknown GPU {raw[:60]!r}; known: {', '.join(sorted(GPUS))}")
+    return key
 
 
 def lookup_gpu(raw: str) -> GpuSpec:

@@ -90,6 +90,9 @@ class Knob:
     domain: Callable[["Workload"], list[Any]] | None = None
     similarity: float = 0.2  # weight of a difference in this knob when comparing strategies
     memory_order: Callable[["Strategy"], float] | None = None
+    # The value Megatron's published recipes set (NeMo, Megatron-Bridge): where a default search space
+    # is too large, `optico.search_space.TRIM_ORDER` fixes the knob here. None = not a recipe flag.
+    recipe: Any = None
     mcore: tuple[str, str] | None = None  # (config, field) the benchmark driver sets: transformer / ddp
     value_names: dict[Any, str] = field(default_factory=dict)  # how values are written: None -> "none"
 
@@ -306,19 +309,19 @@ KNOBS: tuple[Knob, ...] = (
     Knob("use_distributed_optimizer", "DISTRIBUTED_OPTIMIZER", bool, False,
          "The distributed optimizer: Adam state and fp32 master weights sharded over data parallel ranks (ZeRO-1).",
          flags=("--use-distributed-optimizer",), render="switch", aliases=("distributed_optimizer",),
-         csv="distributed_optimizer", tunable=True, domain=_bools, similarity=0.5,
+         csv="distributed_optimizer", tunable=True, recipe=True, domain=_bools, similarity=0.5,
          mcore=("ddp", "use_distributed_optimizer"), memory_order=lambda s: float(s.use_distributed_optimizer),
          effect="optimizer state / DP; gradients reduce-scattered and parameters all-gathered",
          terms=("optimizer_gib",), probe=({}, True)),
     Knob("overlap_grad_reduce", "OVERLAP_GRAD_REDUCE", bool, False,
          "Overlap the data-parallel gradient reduction with the backward pass.",
-         flags=("--overlap-grad-reduce",), render="switch", tunable=True, domain=_bools,
+         flags=("--overlap-grad-reduce",), render="switch", tunable=True, recipe=True, domain=_bools,
          mcore=("ddp", "overlap_grad_reduce"),
          effect="hides the DP gradient reduce behind the last micro-batch's backward", terms=("dp_comm_s",),
          probe=({}, True)),
     Knob("overlap_param_gather", "OVERLAP_PARAM_GATHER", bool, False,
          "Overlap the distributed optimizer's parameter all-gather with the next forward pass.",
-         flags=("--overlap-param-gather",), render="switch", tunable=True, domain=_bools,
+         flags=("--overlap-param-gather",), render="switch", tunable=True, recipe=True, domain=_bools,
          mcore=("ddp", "overlap_param_gather"),
          requires=(Requires(lambda s, w: s.use_distributed_optimizer,
                             "overlap param gather needs the distributed optimizer", ("use_distributed_optimizer",)),
@@ -336,7 +339,7 @@ KNOBS: tuple[Knob, ...] = (
          probe=({"tensor_model_parallel_size": 2, "sequence_parallel": True}, True)),
     Knob("cross_entropy_loss_fusion", "FUSED_CROSS_ENTROPY", bool, False,
          "Fused cross-entropy loss: fewer copies of the logits at the loss.",
-         flags=("--cross-entropy-loss-fusion",), render="switch", tunable=True, domain=_bools,
+         flags=("--cross-entropy-loss-fusion",), render="switch", tunable=True, recipe=True, domain=_bools,
          mcore=("transformer", "cross_entropy_loss_fusion"),
          memory_order=lambda s: float(s.cross_entropy_loss_fusion),
          effect="less logits memory and loss time on the last stage", terms=("logits_gib",), probe=({}, True)),
@@ -378,7 +381,7 @@ KNOBS: tuple[Knob, ...] = (
          # Stated whenever experts are parallel: Megatron-LM's default dispatcher changed between versions.
          render=lambda s: (["--moe-token-dispatcher-type", s.moe_token_dispatcher_type]
                            if s.ep > 1 or s.moe_token_dispatcher_type != "allgather" else []),
-         domain=lambda w: ["allgather", "alltoall"] if w.model.is_moe else ["allgather"],
+         recipe="alltoall", domain=lambda w: ["allgather", "alltoall"] if w.model.is_moe else ["allgather"],
          mcore=("transformer", "moe_token_dispatcher_type"),
          # The dispatcher is only built for MoE layers: a dense model never meets the check.
          requires=(Requires(lambda s, w: s.moe_token_dispatcher_type != "flex" or s.etp * s.ep > 1
@@ -390,7 +393,7 @@ KNOBS: tuple[Knob, ...] = (
                 "EP rank", terms=("ep_comm_s",), probe=({"expert_model_parallel_size": 4}, "alltoall")),
     Knob("moe_grouped_gemm", "MOE_GROUPED_GEMM", bool, False,
          "Run a rank's local experts as one grouped GEMM instead of a loop.",
-         flags=("--moe-grouped-gemm",), render="switch", moe_only=True, tunable=True, domain=_moe_bools,
+         flags=("--moe-grouped-gemm",), render="switch", moe_only=True, tunable=True, recipe=True, domain=_moe_bools,
          mcore=("transformer", "moe_grouped_gemm"),
          effect="expert GEMMs at near-dense efficiency with few kernel launches", terms=("compute_s",),
          probe=({}, True)),

@@ -7,6 +7,7 @@ assignment as soon as the fields it reads are set, so the full product is never 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
@@ -19,6 +20,20 @@ from optico.workload import Workload
 
 # Knobs every job tunes unless its spec says otherwise (the paper's tunables plus SP and MoE knobs).
 DEFAULT_TUNABLES: tuple[str, ...] = tuple(k.name for k in KNOBS if k.tunable)
+# A default space (no tunables named) with more combinations than this has flags fixed at the value
+# Megatron's recipes set (`Knob.recipe`), a group at a time in TRIM_ORDER, until it fits; the parallel
+# layout, micro-batch and recompute are always tuned. MoE models on one node or more reach 0.6-3 M
+# combinations with every default knob, and a job pays ~0.3 ms per valid configuration (the walk and
+# the model's prediction) before its first launch: Mixtral-8x7B on 64 GPUs took 64 s to its third trial.
+DEFAULT_SPACE_LIMIT = 250_000
+# Flags first (one per group, the least effect on the layout's choice first), then the data-parallel
+# trio (overlap_param_gather needs the other two: they go together), the dispatcher last.
+TRIM_ORDER: tuple[tuple[str, ...], ...] = (
+    ("cross_entropy_loss_fusion",),
+    ("moe_grouped_gemm",),
+    ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather"),
+    ("moe_token_dispatcher_type",),
+)
 # Knobs whose domain widens when uneven pipeline stages are tunable: PP need not divide the layers.
 _UNEVEN = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
            "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
@@ -44,15 +59,20 @@ class SearchSpace(BaseModel):
 
     tunables: dict[str, list[Any]] = Field(description="Strategy field -> allowed values, in preference order.")
     fixed: dict[str, Any] = Field(default_factory=dict, description="Strategy field -> value for untuned fields.")
+    trimmed: dict[str, Any] = Field(default_factory=dict, description=(
+        "Default tunables fixed at their recipe value (also in `fixed`) because the default space was too large."))
 
     @classmethod
     def build(cls, w: Workload, tunables: dict[str, list[Any] | None] | list[str] | None = None,
-              fixed: dict[str, Any] | None = None) -> "SearchSpace":
-        """A space over `tunables` (names, or names with domains; None = defaults) for `w`.
+              fixed: dict[str, Any] | None = None, keep: frozenset[str] = frozenset()) -> "SearchSpace":
+        """A space over `tunables` (names, or names with domains; None = the default knobs less the
+        fixed ones, trimmed to DEFAULT_SPACE_LIMIT without touching a group with a fixed field or one in
+        `keep`) for `w`.
 
         Raises KeyError for an unknown field and ValueError for a bad value, naming it."""
         if tunables is None:
-            names: dict[str, list[Any] | None] = {f: None for f in DEFAULT_TUNABLES}
+            pinned = {canonical_field(k) for k in fixed or {}}
+            names: dict[str, list[Any] | None] = {f: None for f in DEFAULT_TUNABLES if f not in pinned}
         elif isinstance(tunables, list):
             names = {t: None for t in tunables}
         else:
@@ -75,7 +95,8 @@ class SearchSpace(BaseModel):
         clash = set(fixed_values) & set(domains)
         if clash:
             raise ValueError(f"search_space: {', '.join(sorted(clash))} is both tunable and fixed")
-        return cls(tunables=domains, fixed=fixed_values)
+        trimmed = _trim(domains, keep | set(fixed_values)) if tunables is None else {}
+        return cls(tunables=domains, fixed={**fixed_values, **trimmed}, trimmed=trimmed)
 
     def base(self) -> Strategy:
         """Fixed values with each tunable at its first value."""
@@ -83,6 +104,15 @@ class SearchSpace(BaseModel):
         for field, domain in self.tunables.items():
             data[field] = domain[0]
         return Strategy.model_validate(data)
+
+    def trimmed_text(self) -> str | None:
+        """What a trimmed default space left out, as a sentence (None when nothing was trimmed)."""
+        if not self.trimmed:
+            return None
+        shown = ", ".join(f"{f} {display_value(f, v)}" for f, v in self.trimmed.items())
+        return (f"the default knobs, with {shown} fixed at Megatron's recipe values: with every default knob the "
+                f"space would have more than {DEFAULT_SPACE_LIMIT:,} combinations (name tunables in the spec "
+                f"to tune them)")
 
     def value_of(self, field: str) -> list[Any]:
         """The values `field` may take in this space: its domain, or its one fixed/default value."""
@@ -139,10 +169,7 @@ class SearchSpace(BaseModel):
 
     def size(self) -> int:
         """Points in the product of the domains (valid or not)."""
-        n = 1
-        for domain in self.tunables.values():
-            n *= len(domain)
-        return n
+        return _product(self.tunables)
 
     def enumerate(self, w: Workload) -> Iterator[Strategy]:
         """Every valid strategy in the space, each once, in domain order — generated by constraint
@@ -150,6 +177,28 @@ class SearchSpace(BaseModel):
         from optico.candidates import valid_strategies
 
         return valid_strategies(self, w)
+
+
+def _product(domains: dict[str, list[Any]]) -> int:
+    return math.prod(map(len, domains.values()))
+
+
+def _trim(domains: dict[str, list[Any]], keep: frozenset[str]) -> dict[str, Any]:
+    """Fixes TRIM_ORDER's groups at their recipe values, in order, while the product of `domains` is
+    more than DEFAULT_SPACE_LIMIT; removes them from `domains` and returns {field: value}. A group
+    with a field in `keep` (one the spec fixes or the baseline sets) stays tuned: fixing the rest of
+    it could contradict that field (overlap_param_gather on with the distributed optimizer off)."""
+    trimmed: dict[str, Any] = {}
+    for group in TRIM_ORDER:
+        if _product(domains) <= DEFAULT_SPACE_LIMIT:
+            break
+        present = [f for f in group if len(domains.get(f, ())) > 1]
+        if not present or keep & set(group):
+            continue
+        for field in present:
+            del domains[field]
+            trimmed[field] = BY_NAME[field].recipe
+    return trimmed
 
 
 def _normal(field: str, value: Any) -> Any:

@@ -376,7 +376,22 @@ def _names(raw: Any, where: str) -> list[tuple[str, str]]:
     return out
 
 
-def _search_space(raw: Any, w: Workload) -> SearchSpace:
+def _baseline_fields(raw: Any) -> frozenset[str]:
+    """The strategy fields a spec's baseline sets (names that do not resolve are the baseline check's
+    to report): a default space keeps them tuned."""
+    if not isinstance(raw, dict):
+        return frozenset()
+    fields = set()
+    for name in raw:
+        try:
+            fields.add(canonical_field(name))
+        except (KeyError, TypeError, AttributeError):
+            continue
+    return frozenset(fields)
+
+
+def _search_space(raw: Any, w: Workload, keep: frozenset[str] = frozenset()) -> SearchSpace:
+    """The search space; a default one (no tunables) keeps the fields in `keep` tuned."""
     data = _mapping(raw, "search_space")
     unknown = set(data) - {"tunables", "fixed"}
     if unknown:
@@ -408,7 +423,7 @@ def _search_space(raw: Any, w: Workload) -> SearchSpace:
     for name, field in _names(fixed, "search_space.fixed"):
         _strategy_value(field, fixed[name], f"search_space.fixed.{name}")
     try:
-        space = SearchSpace.build(w, tunables, fixed)
+        space = SearchSpace.build(w, tunables, fixed, keep)
     except (KeyError, ValueError) as exc:
         text = exc.args[0] if exc.args else str(exc)
         field, _, reason = text.partition(": ")
@@ -615,7 +630,7 @@ def parse_spec(data: Any, origin: Path | None = None, *, origin_name: str | None
             raise SpecError(str(key)[:60], f"unknown field; known: {', '.join(sorted(known))}")
     name, seed = _name(data.get("name", _default_name(origin_name))), _seed(data.get("seed", 0))
     w = _workload(data.get("workload"))
-    space = _search_space(data.get("search_space"), w)
+    space = _search_space(data.get("search_space"), w, _baseline_fields(data.get("baseline")))
     _check_feasible(w, space)
     baseline = _baseline(data.get("baseline"), w, space)
     budget = _validated(Budget, _mapping(data.get("budget"), "budget"), "budget")

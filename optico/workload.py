@@ -7,9 +7,9 @@ import json
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from optico.gpus import GPUS, GpuSpec, Precision, normalize_gpu_name
+from optico.gpus import GPUS, GpuSpec, Precision, gpu_key
 
 
 def positive_up_to(high: int) -> Any:
@@ -321,12 +321,13 @@ class Cluster(BaseModel):
     interconnect: Literal["nvlink", "pcie"] = "nvlink"
     network_gbps: float | None = Field(None, gt=0, description="Inter-node GB/s per GPU; None = catalog value.")
 
+    @field_validator("gpu")
+    @classmethod
+    def _gpu(cls, name: str) -> str:
+        return gpu_key(name)
+
     @model_validator(mode="after")
     def _check(self) -> "Cluster":
-        key = normalize_gpu_name(self.gpu)
-        if key not in GPUS:
-            raise ValueError(f"unknown GPU {self.gpu!r}; known: {', '.join(sorted(GPUS))}")
-        object.__setattr__(self, "gpu", key)
         total = self.gpus_per_node * self.nodes
         if self.num_gpus is not None and self.num_gpus > total:
             raise ValueError(f"num_gpus ({self.num_gpus}) is more than the cluster has "

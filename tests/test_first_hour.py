@@ -272,3 +272,19 @@ def test_health_reasons_never_read_as_equal_to_their_threshold():
                                 mem_max_gib=75.08, mem_limit_gib=79.0))
     _, why = diagnose_health(ref, None)
     assert why.startswith("memory 95.0") and "95% > 95%" not in why
+
+
+def test_tune_on_a_moe_preset_with_the_default_knobs_says_what_it_fixed(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    # Qwen3-30B-A3B on 64 GPUs: every default knob makes 2.6 M combinations (refused before); the
+    # default space drops recipe flags until it fits, and says which, before the first trial.
+    spec = tmp_path / "moe.yaml"
+    spec.write_text("workload:\n  model: {preset: qwen3-30b-a3b}\n  seq_length: 4096\n  global_batch_size: 512\n"
+                    "  cluster: {gpu: h100-sxm, gpus_per_node: 8, nodes: 8}\nlauncher: {kind: sim}\n")
+    monkeypatch.setenv("OPTICO_DATABASE_URL", f"sqlite:///{tmp_path / 'pool.db'}")
+    monkeypatch.setenv("COLUMNS", "200")
+    outcome = run_in_process(["tune", str(spec), "--max-trials", "2"])
+    assert outcome.code == 0, outcome.stderr
+    line = next(x for x in outcome.stdout.splitlines() if x.startswith("search space: "))
+    assert "the default knobs, with cross_entropy_loss_fusion true, moe_grouped_gemm true" in line
+    assert "--cross-entropy-loss-fusion" in outcome.stdout and "--moe-grouped-gemm" in outcome.stdout

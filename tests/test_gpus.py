@@ -31,3 +31,25 @@ def test_names_as_sources_write_them(written: str, key: str):
 def test_an_unknown_gpu_is_named():
     with pytest.raises(KeyError, match="unknown GPU 'TPU-v5'"):
         lookup_gpu("TPU-v5")
+
+
+@pytest.mark.parametrize("written", ["H100 NVL", "NVIDIA H100 NVL", "h100-nvl"])
+def test_h100_nvl_is_its_own_part(written: str):
+    # 94 GB and 835 dense BF16 TFLOPS: read as an H100 SXM it had 14 GiB less memory and an MFU off by 18 %.
+    assert normalize_gpu_name(written) == "h100-nvl"
+    assert GPUS["h100-nvl"].memory_gib > GPUS["h100-sxm"].memory_gib
+    assert GPUS["h100-nvl"].peak("bf16") < GPUS["h100-sxm"].peak("bf16")
+
+
+@pytest.mark.parametrize("written, sizes", [("a100", "a100-40gb or a100-80gb"), ("NVIDIA A100", "a100-40gb or a100-80gb"),
+                                            ("V100-SXM2", "v100-16gb or v100-32gb")])
+def test_a_spec_must_say_which_memory_size_a_model_sold_in_several_has(written: str, sizes: str):
+    from optico.errors import SpecError
+    from optico.spec import parse_spec_text
+
+    text = ("workload:\n  model: {preset: llama3-8b}\n  seq_length: 4096\n  global_batch_size: 512\n"
+            f"  cluster: {{gpu: '{written}', gpus_per_node: 8, nodes: 1}}\n")
+    with pytest.raises(SpecError, match=f"workload.cluster.gpu: .* does not say its memory size: {sizes}"):
+        parse_spec_text(text, origin_name="x.yaml")
+    # A table that writes the bare model still reads as the part its runs had.
+    assert normalize_gpu_name(written) in sizes.split(" or ")

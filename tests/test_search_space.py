@@ -31,3 +31,65 @@ def test_enumerate_matches_the_definition():
         assert set(got) == set(want)  # the constraint walk visits fields in its own order
         pool = candidate_pool(spec.search_space, spec.workload)
         assert pool.complete and [s.signature() for s in pool] == want  # the pool in the space's order
+
+
+def _spec_text(preset: str, nodes: int, extra: str = "") -> str:
+    return (f"workload:\n  model: {{preset: {preset}}}\n  seq_length: 4096\n  global_batch_size: 512\n"
+            f"  cluster: {{gpu: h100-sxm, gpus_per_node: 8, nodes: {nodes}}}\n{extra}")
+
+
+def test_a_default_moe_space_too_large_to_search_fixes_recipe_flags_in_order():
+    from optico.knobs import BY_NAME
+    from optico.search_space import DEFAULT_SPACE_LIMIT, DEFAULT_TUNABLES, TRIM_ORDER, SearchSpace
+    from optico.spec import parse_spec_text
+
+    spec = parse_spec_text(_spec_text("qwen3-30b-a3b", 8), origin_name="moe.yaml")
+    space, w = spec.search_space, spec.workload
+    assert SearchSpace.build(w, list(DEFAULT_TUNABLES)).size() > 2_000_000  # every default knob: refused before
+    assert 0 < space.size() <= DEFAULT_SPACE_LIMIT
+    # Groups go in TRIM_ORDER, and only as many as needed: the last one is still tuned.
+    groups = [g for g in TRIM_ORDER if any(f in space.trimmed for f in g)]
+    assert groups == list(TRIM_ORDER[:len(groups)]) and 0 < len(groups) < len(TRIM_ORDER)
+    assert space.trimmed == {f: BY_NAME[f].recipe for g in groups for f in g}
+    assert all(space.fixed[f] == v and f not in space.tunables for f, v in space.trimmed.items())
+    for layout in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
+                   "micro_batch_size", "recompute_granularity"):
+        assert len(space.tunables[layout]) > 1
+    assert "moe_grouped_gemm true" in space.trimmed_text()
+    assert next(iter(space.enumerate(w))).moe_grouped_gemm is True
+
+
+def test_a_default_dense_space_is_not_trimmed_and_a_fixed_knob_leaves_the_defaults():
+    from optico.spec import parse_spec_text
+
+    dense = parse_spec_text(_spec_text("llama3-70b", 8), origin_name="dense.yaml").search_space
+    assert dense.trimmed == {} and dense.trimmed_text() is None
+    assert "cross_entropy_loss_fusion" in dense.tunables
+    # Fixing one knob and leaving tunables out tunes the other defaults (it was "both tunable and fixed").
+    fixed = parse_spec_text(_spec_text("llama3-70b", 8, "search_space: {fixed: {use_distributed_optimizer: true}}\n"),
+                            origin_name="fixed.yaml").search_space
+    assert fixed.fixed == {"use_distributed_optimizer": True}
+    assert set(fixed.tunables) == set(dense.tunables) - {"use_distributed_optimizer"}
+
+
+def test_a_knob_the_baseline_sets_stays_tuned_in_a_trimmed_default_space():
+    from optico.spec import parse_spec_text
+
+    text = _spec_text("qwen3-30b-a3b", 8, "baseline: {tp: 1, pp: 1, ep: 8, cross_entropy_loss_fusion: false}\n")
+    spec = parse_spec_text(text, origin_name="moe.yaml")
+    assert "cross_entropy_loss_fusion" in spec.search_space.tunables
+    assert "cross_entropy_loss_fusion" not in spec.search_space.trimmed and spec.search_space.trimmed
+    assert spec.baseline.cross_entropy_loss_fusion is False
+
+
+def test_a_trimmed_default_space_never_contradicts_a_fixed_knob():
+    from optico.spec import parse_spec_text
+
+    # The distributed optimizer off by the user: fixing overlap_param_gather on with the rest of its
+    # group would leave no valid strategy, so that group stays tuned and the space still has some.
+    text = _spec_text("qwen3-30b-a3b", 8, "search_space: {fixed: {use_distributed_optimizer: false}}\n")
+    spec = parse_spec_text(text, origin_name="moe.yaml")
+    space = spec.search_space
+    assert not {"overlap_grad_reduce", "overlap_param_gather"} & set(space.trimmed)
+    assert space.fixed["use_distributed_optimizer"] is False and "overlap_grad_reduce" in space.tunables
+    assert any(True for _ in space.enumerate(spec.workload))

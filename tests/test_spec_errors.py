@@ -34,9 +34,9 @@ CASES = [
     (GOOD.replace("seq_length: 8192", "seq_length: -4096"), "workload.seq_length", "greater than 0"),
     (GOOD.replace("global_batch_size: 512", "global_batch_size: 0"), "workload.global_batch_size", "greater than 0"),
     (GOOD.replace("precision: bf16", "precision: fp64"), "workload.precision", "bf16"),
-    (GOOD.replace("gpu: a100-80gb", "gpu: x100"), "workload.cluster", "unknown GPU"),
+    (GOOD.replace("gpu: a100-80gb", "gpu: x100"), "workload.cluster.gpu", "unknown GPU"),
     # A credential pasted into the wrong field is quoted masked, like every printed text.
-    (GOOD.replace("gpu: a100-80gb", "gpu: sk-q7Zxq7Zxq7Zxq7Zxq7Zx"), "workload.cluster", "unknown GPU '***'"),
+    (GOOD.replace("gpu: a100-80gb", "gpu: sk-q7Zxq7Zxq7Zxq7Zxq7Zx"), "workload.cluster.gpu", "unknown GPU '***'"),
     (GOOD.replace("nodes: 1}", "nodes: 1, num_gpus: 16}"), "workload.cluster", "more than the cluster has"),
     (GOOD.replace("gpus_per_node: 8", "gpus_per_node: -8"), "workload.cluster.gpus_per_node", "greater than 0"),
     (GOOD.replace("model: llama3-8b", "model: {preset: llama3-8b, num_attention_heads: 30, num_query_groups: 30, "

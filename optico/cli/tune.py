@@ -160,7 +160,11 @@ class TrialView:
 
 
 def _where_files_go(spec: JobSpec, url: str, job_id: int) -> None:
-    """Says where the pool is and where this job's run logs will be, before anything runs."""
+    """Says what a trimmed default space fixed, where the pool is and where this job's run logs will
+    be, before anything runs."""
+    trimmed = spec.search_space.trimmed_text()
+    if trimmed:
+        console.print(Text.assemble(("search space: ", "dim"), rich_text(trimmed, one_line=True)))
     console.print(Text.assemble(("pool: ", "dim"), rich_text(shown_url(url), one_line=True)))
     kind = spec.launcher.kind
     if kind in ("local", "ray"):
