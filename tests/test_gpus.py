@@ -35,7 +35,7 @@ def test_an_unknown_gpu_is_named():
 
 @pytest.mark.parametrize("written", ["H100 NVL", "NVIDIA H100 NVL", "h100-nvl"])
 def test_h100_nvl_is_its_own_part(written: str):
-    # 94 GB and 835 dense BF16 TFLOPS: read as an H100 SXM it had 14 GiB less memory and an MFU off by 18 %.
+    # 94 GB and 835 dense BF16 TFLOPS: read as an H100 SXM it had 14 GiB less memory and an MFU 16 % low.
     assert normalize_gpu_name(written) == "h100-nvl"
     assert GPUS["h100-nvl"].memory_gib > GPUS["h100-sxm"].memory_gib
     assert GPUS["h100-nvl"].peak("bf16") < GPUS["h100-sxm"].peak("bf16")
