@@ -57,8 +57,9 @@ Choices = Callable[[str, dict[str, Any]], list[Any]]
 
 
 def valid_strategies(space: SearchSpace, w: Workload, choices: Choices | None = None) -> Iterator[Strategy]:
-    """Every valid strategy in `space`, each once. `choices(field, assigned)` may narrow a field's
-    values given the fields walked before it (`candidate_pool` uses it for the coarse lattice)."""
+    """Every valid strategy in `space`, each launch once (`Strategy.launch_key`). `choices(field,
+    assigned)` may narrow a field's values given the fields walked before it (`candidate_pool` uses it
+    for the coarse lattice)."""
     tunables = space.tunables
     order = sorted(tunables, key=lambda f: _WALK_FIRST.index(f) if f in _WALK_FIRST else len(_WALK_FIRST))
     base = {f: space.fixed.get(f, Strategy.model_fields[f].default) for f in FIELDS}
@@ -68,10 +69,15 @@ def valid_strategies(space: SearchSpace, w: Workload, choices: Choices | None = 
 
     def leaf() -> Iterator[Strategy]:
         full = Strategy.model_validate(data)  # normalizes (recompute details, ETP = TP)
-        sig = full.signature()
-        if sig not in seen:
-            seen.add(sig)
-            yield full
+        key = full.launch_key()  # one of each launch: p2p overlap without VPP is not a second one
+        if key in seen:
+            return
+        if key != full.signature():
+            launched = full.as_launched()
+            if space.contains(launched) and is_valid(w, launched):
+                return  # the same launch, its inert knobs at their defaults, is in the space: it stands for both
+        seen.add(key)
+        yield full
 
     def walk(depth: int) -> Iterator[Strategy]:
         if depth == len(order):
@@ -151,7 +157,7 @@ class CandidatePool(list):
     def __init__(self, strategies: list[Strategy], space: SearchSpace, workload: Workload, complete: bool):
         super().__init__(strategies)
         self.space, self.workload, self.complete = space, workload, complete
-        self._signatures = {s.signature() for s in strategies}
+        self._launches = {s.launch_key() for s in strategies}
         self._around: dict[str, list[Strategy]] = {}
 
     def _moves(self, ref: Strategy) -> Iterator[dict[str, Any]]:
@@ -169,19 +175,19 @@ class CandidatePool(list):
                         yield {first: a, last: b}
 
     def neighbours(self, ref: Strategy) -> list[Strategy]:
-        """Valid strategies in the space one move (see `_moves`) from `ref`."""
+        """Valid strategies in the space one move (see `_moves`) from `ref` that launch something else."""
         sig = ref.signature()
         if sig not in self._around:
-            out, seen = [], {sig}
+            out, seen = [], {ref.launch_key()}
             for move in self._moves(ref):
                 try:
                     cand = ref.changed(**move)
                 except ValueError:
                     continue
-                csig = cand.signature()
-                if csig in seen or not is_valid(self.workload, cand) or not self.space.contains(cand):
+                key = cand.launch_key()  # a move of an inert knob launches `ref` again
+                if key in seen or not is_valid(self.workload, cand) or not self.space.contains(cand):
                     continue
-                seen.add(csig)
+                seen.add(key)
                 out.append(cand)
             self._around[sig] = out
         return self._around[sig]
@@ -191,7 +197,7 @@ class CandidatePool(list):
         neighbours of `ref` that are not on it."""
         if self.complete:
             return self
-        extra = [s for s in self.neighbours(ref) if s.signature() not in self._signatures]
+        extra = [s for s in self.neighbours(ref) if s.launch_key() not in self._launches]
         return [*self, *extra]
 
 

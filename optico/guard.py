@@ -94,12 +94,22 @@ def _setting_text(failed: Trial) -> str:
     return ", ".join(f"{p}={getattr(failed.strategy, p)}" for p in failed.failure.params)
 
 
+def _duplicate_text(s: Strategy, history: Sequence[Trial], index: int) -> str:
+    """Why `s` repeats trial `index`: the same configuration, or one whose differences change nothing."""
+    earlier = next(t for t in history if t.index == index)
+    inert = sorted(s.diff(earlier.strategy))
+    if not inert:
+        return f"same configuration as trial {index}"
+    verb = "changes" if len(inert) == 1 else "change"
+    return f"launches the same as trial {index}: {', '.join(inert)} {verb} nothing in this configuration"
+
+
 @dataclass(frozen=True)
 class _Failed:
     """A failed trial with what every candidate is compared against, worked out once per view."""
 
     trial: Trial
-    signature: str
+    launch: str  # its `Strategy.launch_key`: a candidate launching the same is the same configuration
     lasting: bool  # a failure of the configuration itself (not infrastructure, a hang, a timeout)
     refused: bool  # `_refuses_a_setting`: a candidate sharing its blamed values is refused too
     oom_layout: tuple | None  # the parallel layout, when it ran out of memory
@@ -107,7 +117,7 @@ class _Failed:
     @classmethod
     def of(cls, t: Trial) -> "_Failed":
         category = t.failure.category
-        return cls(t, t.signature, category not in _TRANSIENT, _refuses_a_setting(t),
+        return cls(t, t.strategy.launch_key(), category not in _TRANSIENT, _refuses_a_setting(t),
                    _layout_key(t.strategy) if category == FailureCategory.OOM else None)
 
 
@@ -118,7 +128,7 @@ class _HistoryView:
 
     history: tuple[Trial, ...]
     prior: tuple[Trial, ...]
-    first_index: dict[str, int]  # signature -> the first trial of this job that ran it
+    first_index: dict[str, int]  # launch key -> the first trial of this job that launched it
     trials: list[Trial]  # this job's trials, then earlier jobs' under this framework
     failed: list[_Failed]  # those of `trials` that failed with a diagnosis, in order
     stale: list[Trial]  # earlier jobs' trials under another framework: hints only
@@ -130,7 +140,7 @@ class _HistoryView:
         trials = [*history, *same]
         first_index: dict[str, int] = {}
         for t in history:
-            first_index.setdefault(t.signature, t.index)
+            first_index.setdefault(t.strategy.launch_key(), t.index)
         failed = [_Failed.of(t) for t in trials if t.status == TrialStatus.FAILED and t.failure is not None]
         return cls(tuple(history), tuple(prior), first_index, trials, failed, stale)
 
@@ -211,22 +221,22 @@ class Guard:
 
     def _check_against(self, s: Strategy, view: _HistoryView, *, retry: bool) -> Verdict:
         """The checks that depend on the trials and the model's current fit."""
-        sig = s.signature()
-        if not retry and sig in view.first_index:
-            return Verdict(False, "duplicate", f"same configuration as trial {view.first_index[sig]}")
+        launch = s.launch_key()
+        if not retry and launch in view.first_index:
+            return Verdict(False, "duplicate", _duplicate_text(s, view.history, view.first_index[launch]))
         # Earlier jobs' failures under another framework (before an upgrade) are hints, not refusals:
         # a configuration that ran out of memory then may fit now.
         trials = view.trials
         layout = None  # the candidate's layout, looked up at the first OOM that may share it
         for f in view.failed:
             t = f.trial
-            if f.lasting and f.signature == sig and not retry:
+            if f.lasting and f.launch == launch and not retry:
                 return Verdict(False, "known-failure", f"failed before ({t.failure.summary})")
             if f.refused and _shares_blamed_values(s, t):
                 return Verdict(False, "known-failure", f"shares {_setting_text(t)} with trial {t.index}, which "
                                                        f"the framework refused ({t.failure.summary})")
             # Both OOM rules below are about the OOM's own layout: one comparison rules most candidates out.
-            if f.oom_layout is not None and f.signature != sig \
+            if f.oom_layout is not None and f.launch != launch \
                     and f.oom_layout == (layout := layout or _layout_key(s)):
                 if needs_at_least_as_much_memory(s, t.strategy):
                     return Verdict(False, "implied-oom", f"needs at least the memory of {t.strategy.short()}, "
@@ -242,7 +252,8 @@ class Guard:
                            f"limit (+{self.model.constants.oom_margin:.0%} margin)")
         if not view.stale:
             return ADMIT
-        hint = next((t for t in view.stale if t.signature == sig and t.status == TrialStatus.FAILED and t.failure),
+        hint = next((t for t in view.stale
+                     if t.strategy.launch_key() == launch and t.status == TrialStatus.FAILED and t.failure),
                     None)
         if hint is not None:
             return Verdict(True, "hint", f"failed under {describe(framework_of(hint.fingerprint))} "

@@ -93,6 +93,9 @@ class Knob:
     # The value Megatron's published recipes set (NeMo, Megatron-Bridge): where a default search space
     # is too large, `optico.search_space.TRIM_ORDER` fixes the knob here. None = not a recipe flag.
     recipe: Any = None
+    # Where the knob's value changes neither the Megatron-LM command nor what the driver builds (so two
+    # strategies differing only here are one launch: `Strategy.launch_key`). None = it always matters.
+    inert: Callable[["Strategy"], bool] | None = None
     mcore: tuple[str, str] | None = None  # (config, field) the benchmark driver sets: transformer / ddp
     value_names: dict[Any, str] = field(default_factory=dict)  # how values are written: None -> "none"
 
@@ -367,6 +370,7 @@ KNOBS: tuple[Knob, ...] = (
          requires=(Requires(lambda s, w: s.vpp == 1 or s.pipeline_model_parallel_size > 2,
                             "VPP without overlapped p2p communication needs PP > 2 (PP is {s.pp})",
                             ("virtual_pipeline_model_parallel_size", "pipeline_model_parallel_size")),),
+         inert=lambda s: s.vpp == 1,
          effect="hides the interleaved schedule's p2p sends", terms=("p2p_s",),
          probe=({"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 2}, False)),
     Knob("batch_p2p_comm", "BATCH_P2P_COMM", bool, False,
@@ -374,7 +378,8 @@ KNOBS: tuple[Knob, ...] = (
          "no flag; it must stay off with VPP (the interleaved schedule then diverges silently).",
          render="none", domain=_bools,
          requires=(Requires(lambda s, w: s.vpp == 1, "VPP must not be combined with batched p2p communication",
-                            ("virtual_pipeline_model_parallel_size",)),)),
+                            ("virtual_pipeline_model_parallel_size",)),),
+         inert=lambda s: s.vpp == 1),  # without VPP, Megatron-LM sets it to not overlap_p2p_comm
     Knob("moe_token_dispatcher_type", "MOE_DISPATCHER", Literal["allgather", "alltoall", "flex"], "allgather",
          "How routed tokens reach their experts: allgather, alltoall, or flex (DeepEP / HybridEP).",
          flags=("--moe-token-dispatcher-type",), moe_only=True, tunable=True,

@@ -7,8 +7,9 @@ Known secret values come from
 - values registered at run time (`register`): an LLM key from settings, a secret in a spec's
   `launcher.env`, a token just minted.
 Besides the known values, anything shaped like a credential is masked: `sk-...` keys,
-`Bearer ...`, `api_key=...`, `user:password@` in URLs, and the well-known token formats of GitHub
-(`ghp_...`), Hugging Face (`hf_...`), AWS access key ids, Slack, Google API keys, GitLab, npm, PyPI.
+`Bearer ...`, `api_key=...`, `password=...`, `user:password@` in URLs, and the well-known token
+formats of GitHub (`ghp_...`), Hugging Face (`hf_...`), AWS access key ids, Slack, Google API keys,
+GitLab, npm, PyPI.
 
 Redact first, then truncate: a secret cut in half by truncation would no longer match.
 """
@@ -33,14 +34,19 @@ SECRET_NAME = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CRED
 # (an endpoint that echoes a header, a URL with user:password).
 _SHAPES = [
     re.compile(r"\bsk-[A-Za-z0-9_\-]{12,}"),
-    re.compile(r"\boptico_[rw]_[A-Za-z0-9_\-]{16,}"),  # our own API tokens
+    # Glued to what comes before ("1sk-...", a key pasted into a name): only a long unbroken run, so
+    # ordinary words ("risk-assessment") stay as they are.
+    re.compile(r"sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_]{32,}"),
+    re.compile(r"optico_[rw]_[A-Za-z0-9_\-]{16,}"),  # our own API tokens
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9_\-.=~+/]{8,}"),
     re.compile(r"(?i)(api[-_]?key[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9_\-.]{8,}"),
-    re.compile(r"(?<=://)[^/@\s:]+:[^/@\s]+(?=@)"),
+    # user:password@ in a URL, also one a path normalization wrote with a single slash ("https:/u:p@h").
+    re.compile(r"(?<=:/)(/?)[^/@\s:]+:[^/@\s]+(?=@)"),
+    re.compile(r"(?i)\b((?:password|passwd|pwd|secret)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&]{4,}"),
     # Well-known token formats a log or a spec may carry under any name: GitHub, Hugging Face, AWS
     # access key ids, Slack, Google API keys, GitLab, npm, PyPI.
-    re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})"),
-    re.compile(r"\bhf_[A-Za-z0-9]{30,}"),
+    re.compile(r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})"),
+    re.compile(r"hf_[A-Za-z0-9]{30,}"),
     re.compile(r"(?i)(?<=[?&]sig=)[A-Za-z0-9%+/=]{16,}"),  # an Azure SAS URL's signature
     re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
     re.compile(r"\bxox[abprs]-[A-Za-z0-9\-]{10,}"),

@@ -40,8 +40,13 @@ def megatron_args(w: Workload, s: Strategy) -> str:
     return "; args: " + ", ".join(args)
 
 
-def _rounded(value: float | None, digits: int) -> float | str:
-    return "" if value is None else round(value, digits)
+# Significant digits of a measured figure in a row: a CPU run's 0.046 TFLOP/s stays a positive number
+# (fixed decimals wrote 0.0, which every reader rejects as impossible).
+MEASURED_DIGITS = 6
+
+
+def _rounded(value: float | None) -> float | str:
+    return "" if value is None else float(f"{value:.{MEASURED_DIGITS}g}")
 
 
 def replay_row(w: Workload, s: Strategy, *, result: RowResult, source: str, notes: dict[str, Any],
@@ -64,10 +69,8 @@ def replay_row(w: Workload, s: Strategy, *, result: RowResult, source: str, note
         "result": result,
     }
     get = (metrics or {}).get
-    row.update(tflops_per_gpu=_rounded(get("tflops_per_gpu"), 2), mfu=_rounded(get("mfu"), 4),
-               step_time_s=_rounded(get("step_time_s"), 5),
-               tokens_per_s_per_gpu=_rounded(get("tokens_per_s_per_gpu"), 1),
-               mem_max_gib=_rounded(get("mem_max_gib"), 3))
+    row.update({k: _rounded(get(k)) for k in ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu",
+                                               "mem_max_gib")})
     prefix = f"{memory_meaning}; " if metrics and memory_meaning else ""
     row["notes"] = prefix + json.dumps(notes, default=str) + megatron_args(w, s)
     assert set(row) == set(COLUMNS), set(row) ^ set(COLUMNS)

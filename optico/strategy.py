@@ -30,6 +30,8 @@ _SHORT_FIELDS = frozenset({
     "tp_comm_overlap", "cross_entropy_loss_fusion", "overlap_moe_expert_parallel_comm",
     "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
     "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"})
+# Knobs that change nothing in some configurations (`Knob.inert`): `Strategy.launch_key` reads them.
+_INERT_KNOBS = tuple(k for k in KNOBS if k.inert is not None)
 
 
 class _StrategyBase(BaseModel):
@@ -137,10 +139,26 @@ class _StrategyBase(BaseModel):
         text = json.dumps(payload, sort_keys=True)
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
+    def launch_key(self) -> str:
+        """Identity of the launch: equal for strategies that differ only in knobs inert where they are
+        (the same Megatron-LM command and driver config, as p2p overlap without VPP). The signature
+        stays the stored identity; this is what a duplicate launch is checked by."""
+        return self._launch_key
+
+    def as_launched(self) -> "Strategy":
+        """This strategy with the knobs inert here at their defaults (itself when there are none)."""
+        reset = {k.name: k.default for k in _INERT_KNOBS if getattr(self, k.name) != k.default and k.inert(self)}
+        return self.model_copy(update=reset) if reset else self
+
+    @cached_property
+    def _launch_key(self) -> str:
+        return self.as_launched().signature()
+
     def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "Strategy":
         """A copy (not validated, as pydantic's); the cached signature is the original's, so dropped."""
         copy = super().model_copy(update=update, deep=deep)
         copy.__dict__.pop("_signature", None)
+        copy.__dict__.pop("_launch_key", None)
         copy.__dict__.pop("_fields", None)
         return copy  # type: ignore[return-value]
 

@@ -71,6 +71,20 @@ def test_failure_analysis_forms(log, hint, attempts, category, retry, params, su
     assert len(f.summary.split()) <= 31
 
 
+def test_an_invalid_configuration_s_line_is_cut_between_words():
+    # "needs Transformer Engine (TEDotProd (Confidence: 90)": the line was cut at 80 characters, mid-word.
+    line = ("[rank0]: AssertionError: tp_comm_overlap needs Transformer Engine (TEDotProductAttention, "
+            "TELayerNormColumnParallelLinear) which is not installed")
+    f = RulesFailureAnalysis().diagnose(FailureInput(workload=W, strategy=S(tp=2, sp=True, tp_comm_overlap=True),
+                                                     log=line))
+    assert f.category == FailureCategory.INVALID_CONFIG
+    assert "TEDotProd " not in f.summary and " ... (Confidence: 90)" in f.summary, f.summary
+    # The knob the message names is the one blamed (it began " caused ...", blaming nothing).
+    assert f.params == ["tp_comm_overlap"] and f.summary.startswith("TP_COMM_OVERLAP true caused"), f.summary
+    f = RulesFailureAnalysis().diagnose(FailureInput(workload=W, strategy=S(tp=2), log="AssertionError: odd"))
+    assert f.params == [] and f.summary.startswith("The configuration caused"), f.summary
+
+
 def test_failure_analysis_reads_first_error_first():
     log = OOM_LOG + "\n[rank1]: Watchdog caught collective operation timeout"
     f = RulesFailureAnalysis().diagnose(FailureInput(workload=W, strategy=S(tp=1, pp=2), log=log))
@@ -105,6 +119,23 @@ def test_guard_rules():
     # A known failure of an earlier job on the same workload counts too.
     prior = [failed_trial(9, S(tp=4), FailureCategory.INVALID_CONFIG)]
     assert guard.check(S(tp=4), history, prior).rule == "known-failure"
+
+
+def test_a_knob_that_changes_nothing_here_is_no_new_launch():
+    """Without VPP, Megatron-LM turns p2p overlap off and derives batched p2p itself: a strategy that
+    differs from a tried one only there launches the same command, and is refused as a duplicate."""
+    space = SearchSpace.build(W, ["pp", "vpp", "overlap_p2p_comm", "batch_p2p_comm"],
+                              {"use_distributed_optimizer": True})
+    guard = Guard(W, space, JobModel(W))
+    history = [ok_trial(1, S(tp=1, pp=2), 0.5)]
+    same_command = S(tp=1, pp=2, overlap_p2p_comm=False, batch_p2p_comm=True)
+    assert same_command.signature() != history[0].signature  # the stored identity is untouched
+    verdict = guard.check(same_command, history)
+    assert verdict.rule == "duplicate"
+    assert "same as trial 1" in verdict.reason and "batch_p2p_comm, overlap_p2p_comm" in verdict.reason
+    # With VPP the flag is rendered and changes the schedule: another launch.
+    history.append(ok_trial(2, S(tp=1, pp=4, vpp=2), 0.5))
+    assert guard.check(S(tp=1, pp=4, vpp=2, overlap_p2p_comm=False), history).admitted
 
 
 def test_guard_verdicts_follow_the_models_fit():

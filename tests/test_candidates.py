@@ -8,7 +8,11 @@ import sys
 from pathlib import Path
 
 from optico.candidates import candidate_pool, valid_strategies
+from optico.knobs import KNOBS
 from optico.rules import violations
+from optico.search_space import SearchSpace
+from optico.strategy import Strategy
+from optico.workload import PRESETS, Cluster, Workload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from iteration_time import large_spec, measure  # noqa: E402
@@ -43,3 +47,42 @@ def test_agents_and_guard_take_under_a_second_per_iteration(tmp_path: Path):
     out = measure(large_spec(), iterations=5, db_dir=tmp_path)
     # The median, not the max: the first iteration also primes caches; the machine is shared.
     assert statistics.median(out["iteration_s"]) < 1.0, out["iteration_s"]
+
+
+def test_each_launch_is_in_the_pool_once():
+    """p2p overlap and batched p2p change nothing without VPP: the pool holds one strategy per
+    distinct launch, and a reference's neighbours never include a move of a knob inert there."""
+    w = Workload(model=PRESETS["llama3-8b"], seq_length=4096, global_batch_size=256,
+                 cluster=Cluster(gpu="h100-sxm", gpus_per_node=8, nodes=2))
+    space = SearchSpace.build(w, {"pp": [1, 2, 4], "vpp": [1, 2], "mbs": [1, 2],
+                                  "overlap_p2p_comm": [False, True], "batch_p2p_comm": [True, False]})
+    pool = candidate_pool(space, w)
+    keys = [s.launch_key() for s in pool]
+    assert len(keys) == len(set(keys))
+    assert {s.overlap_p2p_comm for s in pool if s.vpp > 1} == {True, False}
+    # the launch stands in the pool with the inert knobs at their defaults, as a user would write it
+    assert all(s.overlap_p2p_comm and not s.batch_p2p_comm for s in pool if s.vpp == 1)
+    ref = next(s for s in pool if s.pp == 2 and s.vpp == 1)
+    assert all(s.launch_key() != ref.launch_key() for s in pool.neighbours(ref))
+    assert not any({"overlap_p2p_comm", "batch_p2p_comm"} >= set(ref.diff(s)) for s in pool.neighbours(ref))
+
+
+def test_an_inert_knob_renders_no_flag_where_it_is_declared_inert():
+    """`Knob.inert` is checked against the command: where it holds, both values render the same flags."""
+    inert = [k for k in KNOBS if k.inert is not None]
+    assert inert
+    for base in (Strategy(pipeline_model_parallel_size=2), Strategy(pipeline_model_parallel_size=4),
+                 Strategy(pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2)):
+        for knob in inert:
+            values = knob.domain(None) if knob.domain else [knob.default]
+            variants = []
+            for value in values:
+                try:
+                    variants.append(base.changed(**{knob.name: value}))
+                except ValueError:
+                    continue
+            if knob.inert(base):
+                assert len({tuple(v.megatron_args()) for v in variants}) == 1, knob.name
+                assert len({v.launch_key() for v in variants}) == 1, knob.name
+            else:
+                assert len({v.launch_key() for v in variants}) == len(variants), knob.name

@@ -142,7 +142,8 @@ def test_skip_reasons_in_vendor_files() -> None:
     fp8 = [r for r in bridge if r.usable and any(f"Precision={p} " in r.notes for p in ("MXFP8", "FP8-CS", "FP8-MX"))]
     assert fp8 and all(r.workload.precision == "fp8" for r in fp8)
     gb = [r for r in bridge if r.workload and r.workload.cluster.gpu in ("gb200", "gb300")]
-    assert gb and all(r.workload.cluster.gpus_per_node == 72 for r in gb)
+    # One rack is all 72 GPUs' NVLink; a job over several uses 64 of each (power-of-two groups stay on NVLink).
+    assert gb and all(r.workload.cluster.gpus_per_node == (72 if r.workload.world_size <= 72 else 64) for r in gb)
     # MoE recipe rows fold experts (ETP 1): EP may exceed DP·CP.
     folded = [r for r in bridge if r.read and r.strategy.ep > r.strategy.dp(r.workload.world_size) * r.strategy.cp]
     assert folded and all(r.strategy.etp == 1 for r in folded)
@@ -342,8 +343,12 @@ def test_cluster_shape(tmp_path: Path) -> None:
     assert (small.gpus_per_node, small.nodes, small.num_gpus) == (8, 1, 2)
     big = one(tmp_path, num_gpus="64", gbs="256").workload.cluster
     assert (big.gpus_per_node, big.nodes, big.world_size) == (8, 8, 64)
-    rack = one(tmp_path, gpu="GB200 (DGX-GB200)", num_gpus="128", gbs="256").workload.cluster
-    assert (rack.gpu, rack.gpus_per_node, rack.nodes, rack.world_size) == ("gb200", 72, 2, 128)
+    racks = one(tmp_path, gpu="GB200 (DGX-GB200)", num_gpus="128", gbs="256").workload.cluster
+    assert (racks.gpu, racks.gpus_per_node, racks.nodes, racks.world_size) == ("gb200", 64, 2, 128)
+    # A 64-rank expert group over two racks stays on NVLink (read as 72 per rack, it straddled two).
+    assert racks.keeps_in_node(64) and racks.keeps_in_node(32)
+    rack = one(tmp_path, gpu="GB200 (DGX-GB200)", num_gpus="64", gbs="256").workload.cluster
+    assert (rack.gpus_per_node, rack.nodes, rack.world_size) == (72, 1, 64)
 
 
 def test_measured_mfu_order(tmp_path: Path) -> None:
@@ -789,3 +794,24 @@ def test_a_nemo_summary_as_published_reads_fsdp_pairs_and_names(tmp_path: Path) 
     assert big.read and big.workload.model.name == "llama3.1-405b", big.skip_reason  # NeMo's spelling of it
     assert moe.read and moe.workload.model.name == "qwen3-30b-a3b", moe.skip_reason
     assert {"Model TFLOPs/sec/GPU", "Time per Global Step (s)", "FSDP"} <= set(report.renamed_columns)
+
+
+def test_a_written_row_keeps_a_cpu_runs_small_figures(tmp_path: Path) -> None:
+    """`jobs export` of a CPU job wrote 0.046 TFLOP/s as 0.0 (two decimals), and `perfmodel evaluate`
+    then refused the row as an impossible measurement: figures keep significant digits instead."""
+    from optico.replay_rows import replay_row
+
+    w = Workload(model=PRESETS["llama3-8b"], seq_length=4096, global_batch_size=8,
+                 cluster=Cluster(gpu="h100-sxm", gpus_per_node=8))
+    metrics = {"tflops_per_gpu": 0.0461234, "mfu": 0.0000466, "step_time_s": 123.456789,
+               "tokens_per_s_per_gpu": 0.0312, "mem_max_gib": 0.000712}
+    path = tmp_path / "rows.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        writer.writeheader()
+        writer.writerow(replay_row(w, strategy_from_mapping({"tp": 2}), result="ok", source="test", notes={},
+                                   metrics=metrics))
+    row = read_replay_csv(path)[0]
+    assert row.usable, row.skip_reason
+    assert row.tflops_per_gpu == pytest.approx(0.0461234) and row.mfu == pytest.approx(0.0000466)
+    assert row.step_time_s == pytest.approx(123.457) and row.mem_max_gib == pytest.approx(0.000712)

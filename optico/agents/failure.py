@@ -12,6 +12,7 @@ import re
 
 from optico.agent_contracts import FailureInput
 from optico.guard import recompute_level
+from optico.knobs import KNOBS
 from optico.redact import clip
 from optico.strategy import PAPER_NAMES, Strategy, display_value
 from optico.logscan import first_error
@@ -30,6 +31,17 @@ _KEYWORDS = [
     (re.compile(r"param.gather|distributed.optimizer", re.I), "overlap_param_gather"),
     (re.compile(r"recompute", re.I), "recompute_granularity"),
 ]
+
+# A knob's field or flag quoted in the message ("tp_comm_overlap needs ...", "--overlap-param-gather").
+_NAMED = [(re.compile(r"(?<![\w-])(?:" + "|".join(re.escape(n) for n in (k.name, *k.flags)) + r")(?![\w-])"), k.name)
+          for k in KNOBS]
+
+
+def _blamed(text: str) -> list[str]:
+    """The parameters an invalid-configuration message is about: knobs it names, then its keywords."""
+    named = [field for pattern, field in _NAMED if pattern.search(text)]
+    return list(dict.fromkeys(named + [field for pattern, field in _KEYWORDS if pattern.search(text)]))[:2]
+
 
 def _oom_params(s: Strategy, ref: Strategy | None) -> list[str]:
     """The knobs that put this configuration over the limit, changed ones first."""
@@ -57,6 +69,14 @@ def _params_text(s: Strategy, params: list[str]) -> str:
     return ", ".join(f"{PAPER_NAMES.get(p, p)} {display_value(p, getattr(s, p))}" for p in params)
 
 
+def _clip_chars(text: str, limit: int = 80) -> str:
+    """`text` cut to about `limit` characters at a space (a word cut in half reads as another word)."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    return (head.rsplit(" ", 1)[0] if " " in head else head) + " ..."
+
+
 def _clip_words(text: str, limit: int = 30) -> str:
     words = text.split()
     return text if len(words) <= limit else " ".join(words[:limit]) + " ..."
@@ -82,9 +102,9 @@ class RulesFailureAnalysis:
             return Failure(category=category, summary=_clip_words(summary), params=params,
                            confidence=confidence, retry=False, log_excerpt=excerpt)
         if category == FailureCategory.INVALID_CONFIG:
-            params = [p for pattern, p in _KEYWORDS if pattern.search(line or inp.log)][:2] or \
-                     list((inp.reference.diff(s) if inp.reference else {}).keys())[:2]
-            summary = f"{_params_text(s, params)} caused {name}: {line[:80]} (Confidence: 90)"
+            params = _blamed(line or inp.log) or list((inp.reference.diff(s) if inp.reference else {}).keys())[:2]
+            summary = (f"{_params_text(s, params) or 'The configuration'} caused {name}: {_clip_chars(line)} "
+                       f"(Confidence: 90)")
             return Failure(category=category, summary=_clip_words(summary), params=params, confidence=90,
                            retry=False, log_excerpt=excerpt)
         if category in (FailureCategory.INFRASTRUCTURE, FailureCategory.HANG, FailureCategory.COMM_TIMEOUT):

@@ -145,27 +145,34 @@ def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
         # A library caller: one unreadable file does not abort the benchmark; say so, run the rest.
         print(terminal_text(f"warning: {OPTION}: {reason}; skipped", one_line=True), file=sys.stderr)
         return []
-    if strict:
-        _warn_malformed(path, rows)
+    broken = _malformed_text(path, rows)
     if not found:
         reason = (f"{path} has no workload with enough measured configurations (at least {MIN_REPLAY_CONFIGS} "
                   f"usable rows of one workload, one of them a run that finished)")
-        if strict:
-            raise SpecError(OPTION, reason)
+        if strict:  # one line: the refusal says what was broken too
+            raise SpecError(OPTION, f"{reason}; {broken}" if broken else reason)
         print(terminal_text(f"warning: {OPTION}: {reason}; skipped", one_line=True), file=sys.stderr)
+    elif strict and broken:
+        from optico.redact import redact
+
+        print(terminal_text(redact(f"warning: {OPTION}: {broken}"), one_line=True), file=sys.stderr)
     return found
 
 
-def _warn_malformed(path: Path, rows: list[ReplayRow]) -> None:
-    """Says which rows of a named file are broken (a cell that is no value, more fields than the
-    header): the benchmark leaves them out, where a spec's own replay file is refused for them."""
-    from optico.redact import redact
-
+def _malformed_text(path: Path, rows: list[ReplayRow]) -> str:
+    """Which rows of a named file are broken (a cell that is no value, more or fewer fields than the
+    header) and what became of them: the benchmark leaves out a row it cannot read and reads a short
+    one with its missing cells unknown, where a spec's own replay file is refused for either. '' when
+    none is."""
     broken = [row for row in rows if row.malformed]
-    if broken:
-        first = broken[0]
-        print(terminal_text(redact(f"warning: {OPTION}: {len(broken)} malformed row(s) of {path} left out "
-                                   f"({first.where}: {first.skip_reason})"), one_line=True), file=sys.stderr)
+    if not broken:
+        return ""
+    left_out = sum(not row.read for row in broken)
+    fate = ", ".join(part for part in (f"{left_out} left out" if left_out else "",
+                                       f"{len(broken) - left_out} read with their missing cells unknown"
+                                       if left_out < len(broken) else "") if part)
+    first = broken[0]
+    return f"{len(broken)} malformed row(s) of {path}, {fate} (first {first.where}: {first.malformed[0]})"
 
 
 def _group(d: LandscapeDef) -> str:

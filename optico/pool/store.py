@@ -762,7 +762,10 @@ class SqlStore(ScheduleSql, Store):
                 return _token(row), token
         except StoreError as exc:
             if isinstance(exc.__cause__, IntegrityError):
-                raise ValueError(f"name: a token named {name!r} exists (revoke it or pick another name)") from None
+                # A revoked token keeps its name (token list shows who had access): a name is used once.
+                revoked = any(r.name == name and r.revoked_at is not None for r in self.tokens())
+                state = "was revoked (its name stays in the record)" if revoked else "exists"
+                raise ValueError(f"name: a token named {name!r} {state}; pick another name") from None
             raise
 
     def authenticate(self, token: str) -> TokenRecord | None:

@@ -228,9 +228,32 @@ def test_a_named_table_s_broken_rows_are_left_out_with_a_warning(tmp_path: Path,
     defs = select_landscapes("replay", [path], strict=True)
     assert any("ragged" in d.name for d in defs)
     warning = capsys.readouterr().err
-    assert f"--landscape: 1 malformed row(s) of {path} left out (ragged.csv:{len(lines) + 1}:" in warning
+    assert f"--landscape: 1 malformed row(s) of {path}, 1 left out (first ragged.csv:{len(lines) + 1}:" in warning
     select_landscapes("replay", [write_table(tmp_path / "clean.csv")], strict=True)
     assert "malformed" not in capsys.readouterr().err
+
+
+def test_rows_shorter_than_the_header_are_said_to_be_read_not_left_out(tmp_path: Path, capsys):
+    # A header with one column more than its rows: every row was read (its last cell unknown), and the
+    # warning said they were "left out" with the reason "None".
+    path = write_table(tmp_path / "wide.csv")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0] + ",extra", *lines[1:]]) + "\n")
+    defs = select_landscapes("replay", [path], strict=True)
+    assert any("wide" in d.name for d in defs)
+    warning = capsys.readouterr().err
+    assert f"{len(lines) - 1} read with their missing cells unknown (first wide.csv:2: " in warning, warning
+    assert "None" not in warning and "left out" not in warning
+
+
+def test_a_refused_table_is_one_line_that_says_what_was_broken(tmp_path: Path, capsys):
+    # Every row shifted by an extra field: the refusal and the malformed rows were two lines.
+    path = write_table(tmp_path / "shifted.csv")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], *(line + ",x,y" for line in lines[1:])]) + "\n")
+    with pytest.raises(SpecError, match=r"no workload with enough measured.*malformed row\(s\).*left out") as exc:
+        select_landscapes("replay", [path], strict=True)
+    assert "\n" not in str(exc.value) and capsys.readouterr().err == ""
 
 
 def test_a_file_name_with_escapes_gives_an_escaped_landscape_name(tmp_path: Path):

@@ -121,6 +121,12 @@ ARGS = [
     ("perfmodel --calibration not JSON", lambda s, t: ["perfmodel", "evaluate", "--data", str(
         Path(__file__).resolve().parents[2] / "optico" / "data" / "optico_llama3_8b_a100.csv"),
         "--calibration", "/etc/passwd"], "--calibration"),
+    # A path is written back normalized ("https:/u:p@h"): the password in it is masked all the same.
+    ("spec path a URL with a password", lambda s, t: ["tune", "https://bob:hunter2@x.example.com/spec.yaml"], None),
+    ("--landscape a URL with a password", lambda s, t: ["bench", "--landscape",
+                                                         "https://bob:hunter2@x.example.com/t.csv"], "--landscape"),
+    ("perfmodel --data a URL with a password", lambda s, t: ["perfmodel", "evaluate", "--data",
+                                                             "postgresql://admin:hunter2@db.example.com/x"], "--data"),
     ("perfmodel calibrate --max-evals negative", lambda s, t: ["perfmodel", "calibrate", "--data", "x.csv",
                                                                "--max-evals", "-3"], "--max-evals"),
 ]

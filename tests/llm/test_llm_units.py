@@ -238,6 +238,24 @@ def test_well_known_token_formats_are_masked_under_any_name():
         assert redact(ordinary) == ordinary
 
 
+def test_a_key_glued_to_other_text_or_a_password_in_a_rewritten_url_is_masked():
+    """A key pasted after other characters ('1sk-...'), a URL a path normalization wrote with one slash,
+    and `password=` are masked; words that only look alike are left as they are."""
+    from optico.redact import redact
+
+    key = "sk-abcdefghijklmnopqrstuvwxyz0123456789ABCD"
+    for glued in (f"1{key}", f"x1{key}", "x1hf_" + "c" * 34, "xghp_" + "a1" * 18, "xoptico_w_" + "z" * 20):
+        assert redact(f"name '{glued}' is bad").count("***") == 1 and "c" * 30 not in redact(glued), glued
+    assert key not in redact(f"1{key}")
+    assert redact("no such file: https:/bob:Pa55word123@x.example.com/s.yaml") == \
+        "no such file: https:/***@x.example.com/s.yaml"
+    assert redact("postgresql://admin:S3cret@db/x") == "postgresql://***@db/x"
+    assert redact("name password=Pa55word123 here") == "name password=*** here"
+    for ordinary in ("risk-assessment-model-v2-production-ready", "the task-0123456789abcdefghij run",
+                     "a secret of success", "see http://host:8080/path@v2", "hf_hub_download"):
+        assert redact(ordinary) == ordinary
+
+
 def test_secret_names_and_signed_urls():
     from optico.redact import is_secret_name, redact
 

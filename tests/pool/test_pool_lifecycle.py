@@ -345,6 +345,9 @@ def test_tokens_store_only_a_hash(store: SqlStore) -> None:
     assert store.revoke_token("ci").revoked_at is not None
     assert store.authenticate(token) is None
     assert [t.name for t in store.tokens()] == ["ci", "dash"]
+    # The error said "revoke it or pick another name"; revoking did not free the name (it stays on record).
+    with pytest.raises(ValueError, match="'ci' was revoked .*; pick another name"):
+        store.create_token("ci", "read")
 
 
 def test_secrets_are_redacted_before_they_are_stored(store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
