@@ -184,13 +184,17 @@ def gpu_key(raw: str) -> str:
         sizes = sorted({k for m, k in _SIZES[model].items() if m is not None})
         raise ValueError(f"{raw[:60]!r} does not say its memory size: {' or '.join(sizes)}")
     if key not in GPUS:
-        raise ValueError(f"unknown GPU {raw[:60]!r}; known: {', '.join(sorted(GPUS))}")
+        raise ValueError(_unknown(raw))
     return key
+
+
+def _unknown(raw: str) -> str:
+    return f"unknown GPU {raw[:60]!r}; known: {', '.join(sorted(GPUS))}"
 
 
 def lookup_gpu(raw: str) -> GpuSpec:
     """The catalog entry for `raw`; KeyError names the known GPUs."""
     key = normalize_gpu_name(raw)
     if key not in GPUS:
-        raise KeyError(f"unknown GPU {raw!r}; known: {', '.join(sorted(GPUS))}")
+        raise KeyError(_unknown(raw))
     return GPUS[key]

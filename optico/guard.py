@@ -94,14 +94,13 @@ def _setting_text(failed: Trial) -> str:
     return ", ".join(f"{p}={getattr(failed.strategy, p)}" for p in failed.failure.params)
 
 
-def _duplicate_text(s: Strategy, history: Sequence[Trial], index: int) -> str:
-    """Why `s` repeats trial `index`: the same configuration, or one whose differences change nothing."""
-    earlier = next(t for t in history if t.index == index)
+def _duplicate_text(s: Strategy, earlier: Trial) -> str:
+    """Why `s` repeats `earlier`: the same configuration, or one whose differences change nothing."""
     inert = sorted(s.diff(earlier.strategy))
     if not inert:
-        return f"same configuration as trial {index}"
+        return f"same configuration as trial {earlier.index}"
     verb = "changes" if len(inert) == 1 else "change"
-    return f"launches the same as trial {index}: {', '.join(inert)} {verb} nothing in this configuration"
+    return f"launches the same as trial {earlier.index}: {', '.join(inert)} {verb} nothing in this configuration"
 
 
 @dataclass(frozen=True)
@@ -128,7 +127,7 @@ class _HistoryView:
 
     history: tuple[Trial, ...]
     prior: tuple[Trial, ...]
-    first_index: dict[str, int]  # launch key -> the first trial of this job that launched it
+    first_launch: dict[str, Trial]  # launch key -> the first trial of this job that launched it
     trials: list[Trial]  # this job's trials, then earlier jobs' under this framework
     failed: list[_Failed]  # those of `trials` that failed with a diagnosis, in order
     stale: list[Trial]  # earlier jobs' trials under another framework: hints only
@@ -138,11 +137,11 @@ class _HistoryView:
     def of(cls, history: Sequence[Trial], prior: Sequence[Trial]) -> "_HistoryView":
         same, stale = split_by_framework(history, prior)
         trials = [*history, *same]
-        first_index: dict[str, int] = {}
+        first_launch: dict[str, Trial] = {}
         for t in history:
-            first_index.setdefault(t.strategy.launch_key(), t.index)
+            first_launch.setdefault(t.strategy.launch_key(), t)
         failed = [_Failed.of(t) for t in trials if t.status == TrialStatus.FAILED and t.failure is not None]
-        return cls(tuple(history), tuple(prior), first_index, trials, failed, stale)
+        return cls(tuple(history), tuple(prior), first_launch, trials, failed, stale)
 
     def matches(self, history: Sequence[Trial], prior: Sequence[Trial]) -> bool:
         """The same trials: the same frozen records, or equal ones read again from the pool (each
@@ -222,8 +221,8 @@ class Guard:
     def _check_against(self, s: Strategy, view: _HistoryView, *, retry: bool) -> Verdict:
         """The checks that depend on the trials and the model's current fit."""
         launch = s.launch_key()
-        if not retry and launch in view.first_index:
-            return Verdict(False, "duplicate", _duplicate_text(s, view.history, view.first_index[launch]))
+        if not retry and launch in view.first_launch:
+            return Verdict(False, "duplicate", _duplicate_text(s, view.first_launch[launch]))
         # Earlier jobs' failures under another framework (before an upgrade) are hints, not refusals:
         # a configuration that ran out of memory then may fit now.
         trials = view.trials

@@ -168,9 +168,9 @@ def _malformed_text(path: Path, rows: list[ReplayRow]) -> str:
     if not broken:
         return ""
     left_out = sum(not row.read for row in broken)
-    fate = ", ".join(part for part in (f"{left_out} left out" if left_out else "",
-                                       f"{len(broken) - left_out} read with their missing cells unknown"
-                                       if left_out < len(broken) else "") if part)
+    read = len(broken) - left_out
+    fate = ", ".join(filter(None, [f"{left_out} left out" if left_out else "",
+                                   f"{read} read with their missing cells unknown" if read else ""]))
     first = broken[0]
     return f"{len(broken)} malformed row(s) of {path}, {fate} (first {first.where}: {first.malformed[0]})"
 
