@@ -58,12 +58,17 @@ def row_key(workload_key: str, signature: str) -> str:
     return f"{workload_key}/{signature}"
 
 
-def file_rows(path: str | Path) -> set[str]:
+def file_rows(path: str | Path) -> frozenset[str]:
     """Keys of the measured configurations of a replay CSV (rows the model can read)."""
+    return _rows_of(str(path))
+
+
+@lru_cache(maxsize=64)
+def _rows_of(path: str) -> frozenset[str]:
     from optico.replay_csv import read_replay_csv
 
-    return {row_key(r.workload.key(), r.strategy.signature()) for r in read_replay_csv(path)
-            if r.workload is not None and r.strategy is not None}
+    return frozenset({row_key(r.workload.key(), r.strategy.signature()) for r in read_replay_csv(path)
+            if r.workload is not None and r.strategy is not None})
 
 
 @lru_cache(maxsize=32)
@@ -72,12 +77,22 @@ def fitted_rows(calibration: str | None) -> frozenset[str] | None:
     path = Path(calibration) if calibration else DEFAULT_CALIBRATION
     meta = json.loads(path.read_text()).get("_meta", {})
     if "fitted_rows" in meta:
-        return frozenset(meta["fitted_rows"])
+        # The rows as recorded at fitting, and the same files read with today's workload keys: a
+        # reading rule that changed a key since (a GB200 rack read as 64 GPUs, not 72) must not let
+        # a fitted row pass as unseen.
+        return frozenset(meta["fitted_rows"]).union(*(file_rows(f) for f in _data_files(meta.get("fitted_on", []))))
     if path.resolve() == DEFAULT_CALIBRATION.resolve():
         files = shipped_fit_files()
         if all(f.is_file() for f in files) and files[:-1]:
             return frozenset().union(*(file_rows(f) for f in files))
     return None
+
+
+def _data_files(names: list[str]) -> list[Path]:
+    """The repository's data files of these names (published tables, then our own sweeps); a name is
+    a file name, never a path."""
+    found = [folder / Path(n).name for n in names for folder in (PUBLISHED_DATA, REPO_DATA)]
+    return [f for f in found if f.is_file()]
 
 
 def check_disjoint(name: str, rows: set[str], calibration: str | None) -> None:

@@ -146,6 +146,23 @@ def test_separation_refuses_calibration_rows(tiny_defs):
     assert held["held_out"] == "optico_llama3_8b_a100.csv" and "optico_llama3_8b_a100.csv" not in held["fitted_on"]
 
 
+def test_a_calibration_recorded_under_old_keys_still_refuses_its_rows(tmp_path):
+    # The rows a held-out calibration recorded at fitting carry the workload keys of that day; a reading
+    # rule changed since (a GB200 rack read as 64 GPUs) gives the same measured rows other keys, and
+    # those must still count as seen.
+    fitted = separation.PUBLISHED_DATA / "megatron_bridge_perf_summary.csv"
+    rows = separation.file_rows(fitted)
+    stale = {"_meta": {"fitted_on": [fitted.name], "fitted_rows": [f"old-key/{r.split('/')[-1]}" for r in rows]}}
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(json.dumps(stale))
+    with pytest.raises(separation.LandscapeOverlap, match="calibration data"):
+        separation.check_disjoint("landscape", {sorted(rows)[0]}, str(calibration))
+    # A fitted_on entry is a file name in the repository's data, never a path out of it.
+    stale["_meta"]["fitted_on"] = [f"../../{fitted.name}"]
+    calibration.write_text(json.dumps(stale))
+    assert separation.fitted_rows.__wrapped__(str(calibration)) >= rows
+
+
 def test_test_seeds_are_fresh_and_constants_frozen():
     seeds = {separation.test_landscape_seed(i) for i in range(5)}
     assert not seeds & set(separation.DEV_LANDSCAPE_SEEDS)
