@@ -15,6 +15,7 @@ from rich.table import Table
 
 from optico.cli.common import DatabaseOption, check_output_path, console, err, fail, open_store, output_file
 from optico.redact import credential_shaped
+from optico.textsafe import markup, rich_text
 
 schedule_app = typer.Typer(no_args_is_help=True, help="Nightly retuning schedules: re-check a tuned workload "
                                                       "after framework upgrades.")
@@ -85,7 +86,8 @@ def schedule_add(
                                            always_retune=always_retune, webhook_url=webhook)
         except ValueError as exc:
             fail(str(exc))
-    console.print(f"schedule {record.name!r}: {record.spec.workload.describe()}, cron '{record.cron}' (UTC), "
+    # The workload's text comes from the spec (a model's name): escaped, never read as Rich markup.
+    console.print(f"schedule {record.name!r}: {markup(record.spec.workload.describe())}, cron '{record.cron}' (UTC), "
                   f"{record.max_trials} trials per retune; next tick {_when(record.next_fire_at)} UTC",
                   highlight=False)
 
@@ -98,7 +100,7 @@ def schedule_list(database: Optional[str] = DatabaseOption) -> None:
         table = Table("name", "workload", "cron", "next tick", "incumbent", "MFU", "last tick")
         for s in store.list_schedules():
             inc = s.incumbent
-            table.add_row(s.name, s.spec.workload.describe(), s.cron, _when(s.next_fire_at),
+            table.add_row(s.name, rich_text(s.spec.workload.describe()), s.cron, _when(s.next_fire_at),
                           inc.strategy.short() if inc else "-", _mfu(inc.mfu if inc else None), _when(s.last_tick_at))
         console.print(table)
 
@@ -116,11 +118,11 @@ def schedule_show(name: str, history: int = typer.Option(20, "--history", min=0,
         except KeyError:
             fail(f"schedule: no schedule named {name!r}")
     inc = s.incumbent
-    console.print(f"{s.name}: {s.spec.workload.describe()}, cron '{s.cron}' (UTC), next {_when(s.next_fire_at)}",
-                  highlight=False)
+    console.print(f"{s.name}: {markup(s.spec.workload.describe())}, cron '{s.cron}' (UTC), "
+                  f"next {_when(s.next_fire_at)}", highlight=False)
     if inc:
         console.print(f"incumbent: {inc.strategy.short()}, MFU {_mfu(inc.mfu)}, measured under "
-                      f"{describe(inc.fingerprint)}", highlight=False)
+                      f"{markup(describe(inc.fingerprint))}", highlight=False)  # versions a probe read
     # Eleven figures in 80 columns: short dates, MFU before and after in one cell, change and noise in one.
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0))
     for header, justify in (("tick", "right"), ("started", "left"), ("trigger", "left"), ("status", "left"),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import signal
 import threading
+from types import FrameType
 from typing import Optional
 
 import typer
@@ -28,6 +30,7 @@ def _loopback(host: str) -> bool:
 
 def _settings(database: str | None):
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     from optico.service.settings import ServiceSettings
 
@@ -36,6 +39,11 @@ def _settings(database: str | None):
     except ValidationError as exc:
         first = exc.errors()[0]
         fail(f"OPTICO_{str(first['loc'][0]).upper()}: {first['msg']}")
+    except SettingsError as exc:
+        # A list setting is read as JSON before it is validated: a bare path fails there.
+        field = re.search(r'field "(\w+)"', str(exc))
+        fail(f"OPTICO_{field.group(1).upper() if field else 'SETTINGS'}: not valid JSON; a list is written "
+             f"as JSON, e.g. '[\"/data/optico\"]'")
     return base.model_copy(update={"database_url": database}) if database else base
 
 
@@ -75,8 +83,31 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     console.print(f"optico serve on http://{host}:{port} — {count} worker(s), pool {redact(store.url)}",
                   highlight=False)
-    uvicorn.run(create_app(settings, workers=count), host=host, port=port, log_level=log_level,
-                proxy_headers=False, server_header=False, http=with_head_timeout(settings.head_timeout_s))
+    config = uvicorn.Config(create_app(settings, workers=count), host=host, port=port, log_level=log_level,
+                            proxy_headers=False, server_header=False, http=with_head_timeout(settings.head_timeout_s))
+    server = _server_class()(config)
+    server.run()
+    if not server.started:
+        raise typer.Exit(3)  # uvicorn.run's startup failure (a port in use): it logged why
+
+
+def _server_class() -> type:
+    """uvicorn's Server, telling the app a shutdown began before it waits for open connections.
+
+    uvicorn stops the app (and with it the workers) only once every connection has closed, and an
+    event stream stays open as long as its job runs: SIGTERM with a client following a job waited for
+    the client to leave while the worker launched trial after trial. Told first, the app ends its
+    streams (clients reconnect elsewhere with Last-Event-ID) and the workers are interrupted at once."""
+    import uvicorn
+
+    from optico.service.app import begin_shutdown
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            begin_shutdown(self.config.app)
+            super().handle_exit(sig, frame)
+
+    return Server
 
 
 def worker(

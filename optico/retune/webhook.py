@@ -5,8 +5,8 @@
 - only http(s) URLs, and redirects are never followed (a 3xx is reported as the receiver's answer):
   a receiver cannot bounce the request to another scheme or an internal address;
 - the URL itself is a secret (chat webhooks carry their token in the path): logs name its host only;
-- no loopback, link-local (the cloud metadata service at 169.254.169.254), unspecified, multicast or
-  reserved address, named or resolved, unless OPTICO_WEBHOOK_ALLOW_LOCAL=true (a receiver on the
+- no loopback, link-local (the cloud metadata service at 169.254.169.254), other cloud metadata
+  (`METADATA_ADDRESSES`), unspecified, multicast or reserved address, named or resolved, unless OPTICO_WEBHOOK_ALLOW_LOCAL=true (a receiver on the
   same host, in development): anyone with a write token sets a schedule's URL, and the server would
   POST from inside the network. Private ranges (10/8, 192.168/16, ...) stay allowed: a team's own
   chat or alerting service usually lives there. A name is resolved again when the hook is sent, and
@@ -39,11 +39,17 @@ TIMEOUT_S = 10.0
 ALLOW_LOCAL_ENV = "OPTICO_WEBHOOK_ALLOW_LOCAL"
 
 
+# Cloud metadata services outside link-local: Alibaba Cloud's (in 100.64/10), AWS's over IPv6 (a
+# private fd00::/8 address), Oracle Cloud's older one. 169.254.169.254 is link-local already.
+METADATA_ADDRESSES = frozenset(map(ipaddress.ip_address, ("100.100.100.200", "fd00:ec2::254", "192.0.0.192")))
+
+
 def _local(address: str) -> bool:
     """An address a webhook may not reach from the server (see the module docstring)."""
     ip = ipaddress.ip_address(address.split("%")[0])
     ip = ip.ipv4_mapped or ip if isinstance(ip, ipaddress.IPv6Address) else ip
-    return ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast or ip.is_reserved
+    return (ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast or ip.is_reserved
+            or ip in METADATA_ADDRESSES)
 
 
 def _allow_local() -> bool:
@@ -56,7 +62,7 @@ def _check_addresses(host: str, addresses: list[str]) -> None:
     for address in addresses:
         if _local(address):
             named = host if host == address else f"{host} ({address})"
-            raise ValueError(f"webhook_url: {named} is a loopback or link-local address, which the server does "
+            raise ValueError(f"webhook_url: {named} is a loopback, link-local or cloud metadata address, which the server does "
                              f"not post to (set {ALLOW_LOCAL_ENV}=true to allow it)")
 
 

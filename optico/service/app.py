@@ -91,6 +91,7 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
                   max_body_size=settings.max_body_bytes)
     app.state.settings = settings
     app.state.open_event_streams = 0  # counted by routes.events.event_stream_slot
+    app.state.shutting_down = False  # set by begin_shutdown: event streams end
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(ops.router)
@@ -103,11 +104,12 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
         return login_redirect(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's own handler echoes each bad value back; a non-finite number (1e400, NaN) or a
         # huge nested one cannot or should not be: it becomes its repr, cut short. A rejected value
         # may be a credential sent in the wrong place: every text is redacted.
-        errors = jsonable_encoder([{**e, "input": _echo(e["input"])} if "input" in e else e for e in exc.errors()])
+        errors = jsonable_encoder([_unread_body(request) if _is_unread_body(e) else
+                                   {**e, "input": _echo(e["input"])} if "input" in e else e for e in exc.errors()])
         return JSONResponse({"detail": scrub(errors)}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
     @app.exception_handler(StarletteHTTPException)
@@ -169,6 +171,12 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
     return app
 
 
+def begin_shutdown(app: FastAPI) -> None:
+    """The server was told to stop (SIGTERM, Ctrl-C): event streams end now, rather than hold the
+    shutdown (and the workers' interruption) until their jobs end; clients reconnect elsewhere."""
+    app.state.shutting_down = True
+
+
 class OptiCoAPI(FastAPI):
     """FastAPI with the body limit's 413 in our error shape, answered before anything reads the body."""
 
@@ -217,6 +225,18 @@ def _body_problem(cause: BaseException | None) -> str | None:
     if isinstance(cause, ValueError):
         return "the body is not valid JSON"
     return None
+
+
+def _is_unread_body(error: dict) -> bool:
+    """FastAPI decodes a body as JSON only when its Content-Type says JSON; otherwise the model is
+    given the raw bytes, and its error ("a valid dictionary") hides why."""
+    return tuple(error.get("loc", ())) == ("body",) and isinstance(error.get("input"), bytes)
+
+
+def _unread_body(request: Request) -> dict:
+    kind = request.headers.get("content-type", "").split(";")[0].strip()[:60]
+    return {"loc": ["body"], "msg": f"the body was sent as {kind!r}; send it as application/json",
+            "type": "content_type"}
 
 
 def _echo(value: object) -> object:

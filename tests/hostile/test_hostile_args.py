@@ -253,3 +253,12 @@ def test_a_write_that_fails_at_the_end_is_one_line_and_leaves_the_earlier_file(t
     assert stop.value.exit_code == 2
     assert capsys.readouterr().err.strip().startswith("error: --json: cannot write")
     assert target.read_text() == "the earlier result\n" and sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_a_list_setting_that_is_no_json_is_one_line(command: str, pool_env: Path, monkeypatch: pytest.MonkeyPatch):
+    # A bare directory in OPTICO_FILE_ROOTS (a JSON list) failed before validation, with a traceback.
+    monkeypatch.setenv("OPTICO_FILE_ROOTS", "/data/optico")
+    outcome = run_in_process([command])
+    assert_refused(outcome, pool_env, "OPTICO_FILE_ROOTS")
+    assert "JSON" in outcome.stderr

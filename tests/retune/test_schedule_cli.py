@@ -108,3 +108,22 @@ def test_add_list_run_now_across_an_upgrade_then_remove(run, run_here, spec_file
     assert upgraded["outcome"] in narrow and f"{100 * upgraded['new_best_mfu']:.1f}" in narrow
     assert run_here("remove", "nightly").exit_code == 0
     assert "nightly" not in run_here("list").stdout
+
+
+def test_text_from_the_spec_and_the_probe_is_shown_literally_never_as_markup(run_here, tmp_path: Path) -> None:
+    """A model's name and a framework version come from the spec (or a probed image tag): Rich markup in
+    them ('[/x]' closes nothing and raised a MarkupError traceback, after `add` had already written the
+    schedule) is printed as the text it is."""
+    body = sim_spec("marked", max_trials=2, version="[/x]24.10[link=http://evil.example]")
+    body["workload"]["model"] = {"preset": "llama3-8b", "name": "m[/x][bold red]X"}
+    path = tmp_path / "marked.yaml"
+    path.write_text(yaml.safe_dump(body))
+    added = run_here("add", "marked", "--spec", str(path))
+    assert added.exit_code == 0, added.output
+    assert "m[/x][bold red]X seq 8192" in added.stdout
+    listed = run_here("list")
+    assert listed.exit_code == 0 and "m[/x][bold" in listed.stdout, listed.output
+    assert run_here("run-now", "marked").exit_code == 0
+    shown = run_here("show", "marked")
+    assert shown.exit_code == 0, shown.output
+    assert "framework_version [/x]24.10[link=http://evil.example]" in shown.stdout

@@ -328,6 +328,23 @@ def test_undecodable_json_bodies_get_422_with_the_reason_on_every_endpoint(serve
             assert detail["loc"] == ["body"] and reason in detail["msg"] and detail["type"] == "json_invalid", detail
 
 
+def test_a_json_body_sent_as_another_content_type_gets_422_naming_the_content_type(
+        served: tuple[Service, dict[str, str]]):
+    """`curl -X PATCH -d '{"max_trials": 30}'` without `-H Content-Type` sends a form type: FastAPI then
+    hands the model the raw bytes, and the 422 said "Input should be a valid dictionary" with the
+    bytes' repr, not why."""
+    service, tokens = served
+    http = client(service, tokens["write"])
+    job = submit(http, spec("form-body", max_trials=1)).json()["id"]
+    for method, path in (("PATCH", f"/api/v1/jobs/{job}"), ("POST", "/api/v1/schedules")):
+        for kind in ("application/x-www-form-urlencoded", "text/plain"):
+            response = http.request(method, path, content=b'{"max_trials": 30}', headers={"Content-Type": kind})
+            assert response.status_code == 422, (path, response.status_code, response.text)
+            [detail] = response.json()["detail"]
+            assert detail["loc"] == ["body"] and detail["type"] == "content_type", detail
+            assert kind in detail["msg"] and "application/json" in detail["msg"], detail
+
+
 def test_large_bodies_get_413(make_service, tokens: dict[str, str]):
     service = make_service(OPTICO_MAX_BODY_BYTES="4096", OPTICO_WORKERS="0").start()
     http = client(service, tokens["write"])

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from service_testkit import Service, client, spec, wait_for
-from sqlalchemy import insert
+from sqlalchemy import insert, select
 
 from optico.pool.models import JobRow, TrialRow, WorkloadRow
 from optico.pool.store import SqlStore
@@ -182,6 +182,8 @@ def test_a_job_page_follows_a_running_job_live(browser: Any, site):
     assert _points(page, "chart-mfu", MARKERS) == final["trials"]
     page.locator("details.iteration").first.click()
     assert page.locator("details.iteration").first.locator(".message").count() >= 1
+    # The live rows' hover text as the server writes it: a diagnosis or a rationale is not ours.
+    assert page.evaluate("() => plotlyText('a\\u202e<b>\\x1b[31m\\nz')") == "a\\u202e&lt;b&gt;\\u001b[31m\\nz"
     script = httpx.get(f"{service.url}/jobs/{job['id']}/launch.sh", cookies={"optico_session": tokens["read"]})
     assert script.status_code == 200 and "torchrun" in script.text and final["best"]["megatron_args"][1] in script.text
     assert ui.errors == [] and ui.dialogs == []
@@ -339,6 +341,9 @@ def test_chart_labels_show_untrusted_text_literally():
     name = charts.compare_figure([(hostile, [])])["data"][0]["name"]
     assert "<" not in name and ">" not in name and name.startswith("#3 &lt;a href=")
     assert "&amp; &lt;b&gt;bold&lt;/b&gt;" in name
+    # Control, escape and bidi characters are shown as escapes, as on the pages (the hover of a trial's
+    # diagnosis; a U+202E reorders what follows it).
+    assert charts.plotly_text("a\u202e<b>\x1b[31m\nz") == "a\\u202e&lt;b&gt;\\x1b[31m\\nz"
 
     # The workload history page: a job's name, its framework version and a schedule's name alike.
     from datetime import datetime, timezone
@@ -353,3 +358,97 @@ def test_chart_labels_show_untrusted_text_literally():
     figure = _history_figure([point], [tick])
     labels = [t["name"] for t in figure["data"]] + [x for t in figure["data"] for x in t.get("text", [])]
     assert labels and not [label for label in labels if "<" in label or ">" in label], labels
+
+
+def test_a_job_whose_calibration_file_is_gone_still_shows(browser: Any, tmp_path: Path):
+    """The calibration a job was tuned with was moved (or is not on this replica): its pages show what
+    was measured, without the model's predictions, instead of a 500."""
+    from optico.perfmodel.constants import DEFAULT_CALIBRATION
+
+    roots = tmp_path / "calibrations"
+    roots.mkdir()
+    calibration = roots / "ours.json"
+    shutil.copy(DEFAULT_CALIBRATION, calibration)
+    db = f"sqlite:///{tmp_path / 'pool.db'}"
+    with SqlStore(db) as store:
+        tokens = {scope: store.create_token(f"{scope}-cal", scope)[1] for scope in ("read", "write")}
+    service = Service(db_url=db, home=tmp_path / "home",
+                      extra_env={"OPTICO_FILE_ROOTS": json.dumps([str(roots)])}).start()
+    try:
+        http = client(service, tokens["write"])
+        job = http.post("/api/v1/jobs", json={**spec("calibrated", max_trials=2, trial_seconds=0),
+                                              "calibration": str(calibration)}).json()["id"]
+        wait_for(lambda: http.get(f"/api/v1/jobs/{job}").json()["status"] == "succeeded", what="the job to finish")
+        calibration.unlink()
+        service.kill()
+        service.start()  # a fresh process: nothing of the file is cached
+        ui = Page(browser, service, tokens["read"])
+        page = ui.go(f"/jobs/{job}")
+        page.wait_for_function("() => document.getElementById('chart-mfu').data !== undefined")
+        assert page.locator("#trials-table tbody tr").count() == 2
+        page = ui.go(f"/jobs/{job}/trials/1")
+        assert "cannot be read here" in page.locator("#no-prediction").inner_text()
+        assert "MFU" in page.locator("table.kv").first.inner_text()  # what was measured
+        assert ui.errors == []
+        ui.close()
+    finally:
+        service.kill()
+
+
+def test_a_live_page_refused_a_stream_follows_once_one_is_free(browser: Any, tmp_path: Path):
+    """Every event stream taken (503): the page's EventSource is closed for good by the browser, and the
+    page reopens it later (a proxy's 502 while the server restarts is the same)."""
+    db = f"sqlite:///{tmp_path / 'pool.db'}"
+    with SqlStore(db) as store:
+        tokens = {scope: store.create_token(f"{scope}-slot", scope)[1] for scope in ("read", "write")}
+        service = Service(db_url=db, home=tmp_path / "home", extra_env={"OPTICO_MAX_EVENT_STREAMS": "1"}).start()
+        try:
+            http = client(service, tokens["write"])
+            job = http.post("/api/v1/jobs", json=spec("one-slot", max_trials=6, trial_seconds=1.5, seed=3)).json()
+            wait_for(lambda: any(t.status.value != "running" for t in store.trials(job["id"])), what="a trial")
+            first = Page(browser, service, tokens["read"])
+            first.go(f"/jobs/{job['id']}").wait_for_timeout(1000)  # holds the only stream
+            second = Page(browser, service, tokens["read"])
+            page = second.go(f"/jobs/{job['id']}")
+            page.wait_for_timeout(1500)  # refused
+            first.close()
+            final = wait_for(lambda: (j := http.get(f"/api/v1/jobs/{job['id']}").json())["status"] == "succeeded"
+                             and j, timeout=120, what="the job to finish")
+            page.wait_for_function(f"() => document.querySelectorAll('#trials-table tbody tr').length === "
+                                   f"{final['trials']}", timeout=30_000)
+            page.wait_for_function("() => document.getElementById('job-status').textContent === 'succeeded'")
+            assert _points(page, "chart-mfu", MARKERS) == final["trials"]
+            second.close()
+        finally:
+            service.kill()
+
+
+def test_the_workload_history_reaches_the_latest_jobs(browser: Any, tmp_path: Path):
+    """A workload with more jobs than the page shows (years of nightly retunes): the latest ones, not the first."""
+    db = f"sqlite:///{tmp_path / 'pool.db'}"
+    with SqlStore(db) as store:
+        token = store.create_token("reader", "read")[1]
+        _bulk(store, 520, 1)  # the last job with a trial
+        with store.engine.begin() as conn:  # and every other: the history plots jobs that measured
+            ids = [r.id for r in conn.execute(JobRow.__table__.select().order_by(JobRow.id))]
+            conn.execute(insert(TrialRow), [{"job_id": i, "index": 1, "signature": "s", "strategy":
+                                             Strategy().model_dump(mode="json"), "status": "ok", "metrics": {
+                                                 "step_time_s": 1.0, "tflops_per_gpu": 150.0, "mfu": 0.5,
+                                                 "tokens_per_s_per_gpu": 3000.0, "mem_max_gib": 50.0,
+                                                 "mem_limit_gib": 79.35},
+                                             "rationale": "", "gpu_seconds": 1.0, "fingerprint": {},
+                                             "log_excerpt": "", "attempts": 1} for i in ids[:-1]])
+            conn.execute(JobRow.__table__.update().values(best_trial_id=select(TrialRow.id).where(
+                TrialRow.job_id == JobRow.id).scalar_subquery()))
+        key = store.get_job(ids[0]).workload_key
+    service = Service(db_url=db, home=tmp_path / "home", extra_env={"OPTICO_WORKERS": "0"}).start()
+    try:
+        ui = Page(browser, service, token)
+        page = ui.go(f"/workloads/{key}")
+        links = page.locator("table.jobs tbody tr td:first-child a").all_inner_texts()
+        assert links[-1].startswith(f"#{ids[-1]} ") and len(links) == 500, links[-3:]
+        assert page.locator("#history-cut").inner_text() == "The latest 500 of 520 jobs."
+        assert ui.errors == []
+        ui.close()
+    finally:
+        service.kill()

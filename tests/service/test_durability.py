@@ -149,6 +149,32 @@ def test_sigterm_interrupts_and_another_service_resumes(make_service, db_url: st
         assert outcome(store, job_id) == reference([body], tmp_path)[job_id]
 
 
+def test_sigterm_while_a_client_follows_the_job_interrupts_it_at_once(make_service, db_url: str,
+                                                                      tokens: dict[str, str]):
+    """A rolling restart while a client (the dashboard, `curl -N`) follows the running job: uvicorn
+    waits for open connections before the app's shutdown, and an event stream stays open as long as
+    its job runs, so the service did not stop and its worker went on launching trials until the
+    client left. The stream now ends without `end` (the client reconnects elsewhere with
+    Last-Event-ID) and the job is interrupted at once."""
+    from service_testkit import client, sse_events
+
+    body = spec("sigterm-with-stream", max_trials=4, trial_seconds=20, seed=7)
+    with SqlStore(db_url) as store:
+        job_id = store.create_job(parse_spec(body))
+        service = make_service().start()
+        wait_for(lambda: store.trials(job_id), what="trial 1")
+        with client(service, tokens["read"]).stream("GET", f"/api/v1/jobs/{job_id}/events") as stream:
+            events = sse_events(stream)
+            next(events)  # the stream is open
+            service.proc.send_signal(signal.SIGTERM)
+            assert service.wait_dead(timeout=20) in (0, -signal.SIGTERM)
+            kinds = [kind for _, kind, _ in events]
+        assert "end" not in kinds, kinds
+        job = store.get_job(job_id)
+        assert job.status is JobStatus.INTERRUPTED and job.lease_owner is None
+        assert len(store.trials(job_id)) == 1  # nothing launched after SIGTERM
+
+
 def test_the_event_stream_of_an_interrupted_queue_job_goes_on_to_its_real_end(make_service, db_url: str,
                                                                              tokens: dict[str, str]):
     """A rolling restart interrupts a queue job; the next worker runs it on. The stream sent

@@ -12,6 +12,7 @@ from optico.perfmodel.constants import Constants
 from optico.perfmodel.model import predict
 from optico.report import flag_changes
 from optico.rules import violations
+from optico.textsafe import terminal_text
 from optico.trial import Trial, TrialStatus
 from optico.workload import Workload
 
@@ -20,14 +21,15 @@ MFU_TRACES = ("above baseline", "below baseline", "failed", "best so far")
 MEMORY_TRACES = ("measured peak", "predicted peak")
 
 
-def predicted(workload: Workload, trial: Trial, constants: Constants) -> Any | None:
-    """The model's prediction for the trial's configuration (None if Megatron would refuse it)."""
-    if violations(workload, trial.strategy):
+def predicted(workload: Workload, trial: Trial, constants: Constants | None) -> Any | None:
+    """The model's prediction for the trial's configuration (None if Megatron would refuse it, or without
+    constants: the job's calibration file cannot be read)."""
+    if constants is None or violations(workload, trial.strategy):
         return None
     return predict(workload, trial.strategy, constants)
 
 
-def trial_rows(trials: list[Trial], workload: Workload, constants: Constants, *, baseline_mfu: float | None,
+def trial_rows(trials: list[Trial], workload: Workload, constants: Constants | None, *, baseline_mfu: float | None,
                previous: Trial | None = None, best_so_far: float | None = None) -> list[dict[str, Any]]:
     """One row per trial: what changed from the previous trial (Megatron-LM flags), why, the metrics or the
     diagnosis, the best MFU so far, the model's predicted peak memory. `previous`/`best_so_far`: the state
@@ -70,7 +72,9 @@ def mfu_trace_of(row: dict[str, Any]) -> int:
 
 def plotly_text(text: str) -> str:
     """`text` shown literally in a Plotly label: Plotly renders a subset of HTML in trace names and hover
-    text (<a href>, <b>, <span style>), and a job name, a diagnosis or an LLM's rationale is not ours."""
+    text (<a href>, <b>, <span style>), and a job name, a diagnosis or an LLM's rationale is not ours. Control,
+    escape and bidi characters are shown as escapes, as on the pages (a U+202E reorders what follows it)."""
+    text = terminal_text(text, one_line=True, max_chars=None)
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 

@@ -26,7 +26,8 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 
-from optico.perfmodel.constants import load_constants
+from optico.errors import SpecError
+from optico.perfmodel.constants import Constants, load_constants
 from optico.pool.contract import SORT_KEYS, Store
 from optico.pool.lifecycle import JobStatus
 from optico.pool.records import JobRecord, JobStats
@@ -52,6 +53,7 @@ def _visible(value: Any) -> Any:
 templates.env.finalize = _visible
 router = APIRouter(include_in_schema=False)
 PAGE_SIZE = 50
+HISTORY_JOBS = 500  # the workload page's chart and table: its latest jobs
 
 
 def plotly_js() -> Path:
@@ -157,6 +159,15 @@ def _iterations(store: Store, job_id: int) -> list[dict[str, Any]]:
     return [{"iteration": i, "messages": msgs} for i, msgs in sorted(grouped.items())]
 
 
+def _constants(job: JobRecord) -> Constants | None:
+    """The model's constants for the job's predictions; None when its calibration file can no longer be
+    read (moved, edited, or not on this replica): the page then shows what was measured, without them."""
+    try:
+        return load_constants(job.spec.calibration)
+    except SpecError:
+        return None
+
+
 def _baseline_mfu(trials: list[Trial]) -> float | None:
     first = next((t for t in trials if t.index == 1), None)
     return first.mfu if first and first.status is TrialStatus.OK else None
@@ -170,7 +181,7 @@ def _done(trials: list[Trial]) -> list[Trial]:
 def _rows(store: Store, job: JobRecord, trials: list[Trial], *, after: int = 0) -> tuple[list[dict], float | None]:
     trials = _done(trials)
     baseline = _baseline_mfu(trials)
-    constants = load_constants(job.spec.calibration)
+    constants = _constants(job)
     earlier = [t for t in trials if t.index <= after]
     later = [t for t in trials if t.index > after]
     best = charts.best_so_far(earlier)[-1] if earlier else None
@@ -215,7 +226,8 @@ def trial_page(request: Request, job_id: JobIdPath, index: TrialIndexPath, store
     trial = next((t for t in store.trials(job_id, after_index=index - 1) if t.index == index), None)
     if trial is None:
         raise HTTPException(404, detail=f"job {job_id} has no trial {index}")
-    prediction = charts.predicted(job.spec.workload, trial, load_constants(job.spec.calibration))
+    constants = _constants(job)
+    prediction = charts.predicted(job.spec.workload, trial, constants)
     breakdown = []
     if prediction is not None:
         t = prediction.time
@@ -226,6 +238,7 @@ def trial_page(request: Request, job_id: JobIdPath, index: TrialIndexPath, store
             breakdown.append({"label": label, "seconds": value, "share": value / t.step_time_s if t.step_time_s else 0})
     return templates.TemplateResponse(request, "trial.html", {
         "who": who, "job": job, "trial": trial, "prediction": prediction, "breakdown": breakdown,
+        "calibration_unreadable": constants is None,
         "megatron_args": " ".join(trial.strategy.megatron_args())})
 
 
@@ -259,7 +272,10 @@ def _exists(store: Store, job_id: int) -> bool:
 
 @router.get("/workloads/{key}", response_class=HTMLResponse)
 def workload_page(request: Request, key: str, store: StoreDep, who: Viewer) -> Response:
-    jobs, _ = store.search_jobs(workload_key=key, sort="created_at", descending=False, limit=500)
+    # The latest HISTORY_JOBS, oldest first: a workload retuned for years has more, and its history
+    # must reach today (the oldest first cut the newest off).
+    latest, total = store.search_jobs(workload_key=key, sort="created_at", descending=True, limit=HISTORY_JOBS)
+    jobs = latest[::-1]
     if not jobs:
         raise HTTPException(404, detail=f"no jobs on workload {key}")
     stats = store.job_stats([j.id for j in jobs])
@@ -278,6 +294,7 @@ def workload_page(request: Request, key: str, store: StoreDep, who: Viewer) -> R
     figure = _history_figure(points, ticks)
     return templates.TemplateResponse(request, "workload.html", {
         "who": who, "key": key, "description": jobs[0].spec.workload.describe(), "points": points,
+        "total": total, "shown": len(jobs),
         "ticks": ticks, "history_figure": figure})
 
 

@@ -76,7 +76,9 @@ async def job_event_stream(request: Request, store: Store, settings: ServiceSett
     module docstring); shared by the API and the dashboard."""
     quiet_since = time.monotonic()
     yield ServerSentEvent(comment="optico event stream", retry=3000)
-    while not await request.is_disconnected():
+    # A server shutting down ends the stream without `end`: the job has not ended, and the client
+    # reconnects (to another replica) with Last-Event-ID.
+    while not request.app.state.shutting_down and not await request.is_disconnected():
         batch = await run_in_threadpool(store.events, job_id, last, BATCH)
         for stored in batch:
             last = stored.seq

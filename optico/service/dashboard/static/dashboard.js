@@ -84,7 +84,7 @@ function trialRow(jobId, r) {
 // Shown literally: Plotly renders a subset of HTML in hover text, and a diagnosis is not ours
 // (charts.plotly_text on the server).
 function plotlyText(text) {
-  return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  return visible(String(text).replace(/\r\n|\r|\n/g, "\\n")).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }
 
 function hover(r) {
@@ -154,10 +154,25 @@ function followJob() {
     }
   }
 
-  const source = new EventSource("/ui/jobs/" + live.job_id + "/events?after=" + live.last_event);
-  ["trial_done", "trial_lost", "state", "job_done"].forEach((kind) => source.addEventListener(kind, refresh));
-  source.addEventListener("end", () => { source.close(); refresh(); });
+  // EventSource reconnects by itself only after a dropped connection; a refused one (503: every stream
+  // slot taken; a proxy's 502 while the server restarts) closes it for good. Reopen from the last event
+  // seen, so the page never stops following a job that still runs.
+  let lastEvent = live.last_event;
+  function connect() {
+    const source = new EventSource("/ui/jobs/" + live.job_id + "/events?after=" + lastEvent);
+    const seen = (e) => { if (e.lastEventId) lastEvent = e.lastEventId; };
+    ["trial_done", "trial_lost", "state", "job_done"].forEach((kind) => source.addEventListener(kind, (e) => {
+      seen(e); refresh();
+    }));
+    source.addEventListener("end", () => { source.close(); refresh(); });
+    source.addEventListener("error", () => {
+      if (source.readyState === EventSource.CLOSED) setTimeout(() => { connect(); refresh(); }, RECONNECT_MS);
+    });
+  }
+  connect();
 }
+
+const RECONNECT_MS = 5000;  // the server's Retry-After on a refused stream
 
 document.addEventListener("DOMContentLoaded", () => {
   drawCharts();
