@@ -6,6 +6,7 @@ import asyncio
 import gc
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -233,6 +234,30 @@ def test_cli_bench_replay(tmp_path: Path, cli_env):
     bad = subprocess.run(optico_cmd("bench", "--tuners", "hillclimb", "--suite", "replay"), capture_output=True,
                          text=True, env=cli_env, timeout=300)
     assert bad.returncode == 2 and "unknown tuner" in bad.stderr
+
+
+def test_paired_runs_compares_two_trials_files_run_by_run(tmp_path: Path, cli_env):
+    """benchmarks/paired_runs.py on two real `--trials` files: a tuner against itself differs by nothing,
+    and against another by the mean of its per-landscape differences."""
+    trials = tmp_path / "t.json"
+    proc = subprocess.run(optico_cmd("bench", "--suite", "replay", "--tuners", "random,model-rank", "--seeds", "2",
+                                     "--budget", "4", "--jobs", "1", "--no-fidelity", "--trials", str(trials)),
+                          capture_output=True, text=True, env=cli_env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "paired_runs.py"
+
+    def compare(a: str, b: str) -> str:
+        done = subprocess.run([sys.executable, str(script), str(trials), a, str(trials), b], capture_output=True,
+                              text=True, env=cli_env, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "difference +0.00 [+0.00, +0.00]   ahead on 0, behind on 0" in compare("random", "random")
+    doc = json.loads(trials.read_text())
+    per = [sum(r["frac_of_opt_at"]["10"] for r in t["random"]) / 2 - sum(r["frac_of_opt_at"]["10"] for r in t["model-rank"]) / 2
+           for t in doc.values()]
+    line = next(x for x in compare("random", "model-rank").splitlines() if "best @10" in x)
+    assert f"difference {100 * sum(per) / len(per):+.2f}" in line, line
 
 
 def test_a_landscape_run_hands_its_objects_back_to_the_collector(tiny_defs):
