@@ -32,6 +32,7 @@ from optico.agent_contracts import (
 )
 from optico.events import ReasonerFallback
 from optico.redact import clip
+from optico.textsafe import terminal_text
 from optico.trial import Failure
 
 log = logging.getLogger("optico")
@@ -99,7 +100,9 @@ class WithFallback(Generic[R]):
         try:
             out = ask(self.primary)
         except Exception as exc:  # an LLM reasoner that could not answer, or broke: the rules answer
-            reason = clip(" ".join(str(exc).split()), REASON_CHARS)  # redacted, then cut
+            # Redacted, then cut; a server's or a model's text in it shows its escapes, never obeys them
+            # (the reason goes to the pool, the log and terminals).
+            reason = terminal_text(clip(" ".join(str(exc).split()), REASON_CHARS), one_line=True, max_chars=None)
             decision = Decision(agent=self.agent, iteration=iteration, asked=self.name, reasoner="rules",
                                 fallback=Fallback(cause=_cause(exc), reason=reason))
             self.notify(decision)

@@ -63,6 +63,7 @@ from optico.redact import clip
 from optico.search_space import SearchSpace
 from optico.spec import JobSpec
 from optico.strategy import PAPER_NAMES, Strategy, display_value
+from optico.textsafe import terminal_text
 from optico.trial import Failure, FailureCategory, Trial, TrialStatus
 
 T = TypeVar("T")
@@ -150,7 +151,8 @@ class _LLMAgent:
                 result = parse(data if isinstance(data, dict) else None, answer)
             except ValueError as exc:  # AnswerError, or a value a contract model refused
                 detail = str(exc) if isinstance(exc, AnswerError) else " ".join(str(exc).split())
-                detail = redactor.text(detail)[:400]
+                # Quotes the model's values, and goes to the pool, the log and terminals: escapes shown, not obeyed.
+                detail = terminal_text(redactor.text(detail), one_line=True, max_chars=None)[:400]
                 if completion.finish_reason == "length":
                     detail += f" (the answer was cut at {self.settings.agent_max_tokens(self.agent)} tokens)"
                 error = f"invalid answer: {detail}"

@@ -25,7 +25,11 @@
 - A circuit breaker: after `breaker_failures` calls in a row fail, the endpoint is skipped
   for `breaker_cooldown_s` (every call fails fast) so a dead endpoint does not cost each
   agent every timeout of every iteration.
-- Secrets: error messages are redacted before they are cut or leave this module.
+- A response that is not a Chat Completion (not JSON, no choices, content that is not text) is
+  `MalformedResponse`, one past the transport's size cap `AnswerTooLong`: endpoint errors, not
+  retried (the server would answer the same again), never a crash of the caller.
+- Secrets: error messages are redacted before they are cut or leave this module, and their control
+  characters shown as visible escapes (a server's error text reaches the pool, the logs and a terminal).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ import email.utils
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -46,7 +51,8 @@ from optico.llm.audit import Redactor
 from optico.redact import known_secrets, register
 from optico.llm.history import estimate_tokens
 from optico.llm.settings import LLMSettings
-from optico.llm.transport import bounded_http_client, http_library
+from optico.llm.transport import ResponseTooLarge, bounded_http_client, http_library
+from optico.textsafe import terminal_text
 
 _DOWNGRADE = {"json_schema": "json_object_schema", "json_object_schema": "json_object", "json_object": "text"}
 # An error that names the response format refuses the format, whatever its status code.
@@ -106,6 +112,36 @@ class AnswerTooLong(openai.OpenAIError):
     """The endpoint answered past the tokens asked for: not retried (it would again); the agent falls back."""
 
 
+class MalformedResponse(openai.OpenAIError):
+    """The endpoint answered with something that is not a Chat Completion: not retried (it would again)."""
+
+
+def _size_cap(exc: BaseException) -> BaseException | None:
+    """The transport's size-cap error behind `exc` (openai wraps it as a dropped connection), if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ResponseTooLarge):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+@contextmanager
+def _reading_response() -> Iterator[None]:
+    """Errors of reading a response that are the response's fault, as endpoint errors that are not retried:
+    `openai` hands a body that is not JSON, or not shaped like a Chat Completion, to the caller as a
+    JSONDecodeError, an AttributeError or a TypeError."""
+    try:
+        yield
+    except openai.APIConnectionError as exc:
+        cap = _size_cap(exc)
+        if cap is None:
+            raise
+        raise AnswerTooLong(str(cap)) from None
+    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+        raise MalformedResponse(f"the response is not a Chat Completion ({type(exc).__name__}: {exc})") from None
+
+
 def refuses_format(exc: BaseException) -> bool:
     """An error about the response format (a downgrade, not a transient fault)."""
     if not isinstance(exc, openai.APIStatusError) or exc.status_code in (408, 409, 429):
@@ -155,6 +191,8 @@ def _describe(exc: BaseException, redactor: Redactor) -> str:
     """One line naming the error; redacted before it is cut, so a key cannot survive half-masked."""
     status = getattr(exc, "status_code", None)
     message = redactor.text(" ".join(str(getattr(exc, "message", None) or exc).split()))
+    # The server wrote it, and it goes to the pool, the log and terminals: escapes shown, not obeyed.
+    message = terminal_text(message, one_line=True, max_chars=None)
     return f"{type(exc).__name__}{f' {status}' if status else ''}: {message[:300]}"
 
 
@@ -247,10 +285,11 @@ class ChatClient:
                 kwargs["extra_body"] = extra
             max_chars = max_tokens * CHARS_PER_TOKEN
             try:
-                if s.stream:
-                    return mode, self._streamed(messages, kwargs, max_chars)
-                response = self._client.chat.completions.create(model=self.model, messages=messages, **kwargs)
-                return mode, self._whole(response, max_chars)
+                with _reading_response():
+                    if s.stream:
+                        return mode, self._streamed(messages, kwargs, max_chars)
+                    response = self._client.chat.completions.create(model=self.model, messages=messages, **kwargs)
+                    return mode, self._whole(response, max_chars)
             except openai.APIStatusError as exc:
                 if mode == "text" or s.structured_output != "auto" or not refuses_format(exc):
                     raise
@@ -294,6 +333,8 @@ class ChatClient:
         except http.TimeoutException:  # the transport's deadline (optico.llm.transport)
             raise openai.APITimeoutError(request=stream.response.request) from None
         except http.HTTPError as exc:  # its size cap, or the connection dropped mid-answer
+            if isinstance(exc, ResponseTooLarge):
+                raise AnswerTooLong(str(exc)) from None
             raise openai.APIConnectionError(message=str(exc), request=stream.response.request) from None
         finally:
             stream.close()  # closing the connection is what makes the server stop generating
@@ -305,13 +346,18 @@ class ChatClient:
 
     @staticmethod
     def _whole(response: Any, max_chars: int) -> _Answer:
-        choice = response.choices[0] if response.choices else None
-        message = choice.message if choice else None
+        choices = getattr(response, "choices", None)
+        if not isinstance(choices, list) or not choices:  # an answer of nothing is the endpoint's fault
+            raise MalformedResponse("the response has no choices")
+        choice = choices[0]
+        message = choice.message
         reasoning = ""
         if message is not None:  # vLLM and SGLang reasoning parsers return the thinking apart
             extra = message.model_extra or {}
             reasoning = str(extra.get("reasoning_content") or extra.get("reasoning") or "")
         text = (message.content or "") if message else ""
+        if not isinstance(text, str):
+            raise MalformedResponse(f"the answer's content is a {type(text).__name__}, not text")
         if len(text) + len(reasoning) > max_chars:
             raise AnswerTooLong(f"the answer has {len(text) + len(reasoning):,} characters, more than the "
                                 f"{max_chars // CHARS_PER_TOKEN:,} tokens asked for allow")
@@ -387,10 +433,11 @@ class ChatClient:
     def _usage(self, answer: _Answer, messages: list[dict[str, str]]) -> tuple[int, int, str]:
         """(prompt tokens, completion tokens, where they came from)."""
         usage = answer.usage
-        if usage is not None and usage.prompt_tokens is not None:
+        if usage is not None and isinstance(usage.prompt_tokens, int):  # a server may send anything here
             if answer.streamed:
                 self.facts.stream_usage = True
-            return usage.prompt_tokens, usage.completion_tokens or 0, "stream" if answer.streamed else "response"
+            completion = usage.completion_tokens if isinstance(usage.completion_tokens, int) else 0
+            return usage.prompt_tokens, completion, "stream" if answer.streamed else "response"
         if answer.streamed:
             self.facts.stream_usage = False
             prompt = self._probe_prompt_tokens(messages)

@@ -44,25 +44,43 @@ def split_reasoning(text: str) -> tuple[str, str]:
     return "\n\n".join(t for t in thoughts if t), rest.strip()
 
 
+# An answer's JSON is a few levels deep. Deeper is refused: the redactor and the validators walk it
+# recursively, and a model (or a server) can nest past Python's recursion limit in a few kilobytes.
+MAX_JSON_DEPTH = 32
+
+
+def shallow(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether `value` nests no more than `limit` lists and objects deep (walked without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth >= limit:
+                return False
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return True
+
+
 def extract_json(text: str) -> Any | None:
-    """The first JSON object in `text` (whole, in a code fence, or embedded), else None."""
+    """The first JSON object in `text` (whole, in a code fence, or embedded) that nests no deeper than
+    MAX_JSON_DEPTH, else None."""
     text = text.strip()
     candidates = [text] + [m.strip() for m in _JSON_FENCE.findall(text)]
     for c in candidates:
         try:
             value = json.loads(c)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python recurses
             continue
-        if isinstance(value, dict):
+        if isinstance(value, dict) and shallow(value):
             return value
     decoder = json.JSONDecoder()
     for i, ch in enumerate(text):
         if ch == "{":
             try:
                 value, _ = decoder.raw_decode(text, i)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
-            if isinstance(value, dict):
+            if isinstance(value, dict) and shallow(value):
                 return value
     return None
 

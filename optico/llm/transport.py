@@ -9,8 +9,9 @@
   prompt elsewhere.
 - The same bounds through a proxy named by HTTP(S)_PROXY (the client's own proxy transport).
 
-Both bounds raise the HTTP library's own errors (a read timeout, a read error), which the
-client turns into a timeout or a dropped connection: retried, then the offline reasoner.
+Both bounds raise the HTTP library's own errors (a read timeout, a read error). The client turns
+the deadline into a timeout (retried, then the offline reasoner) and the size cap, marked
+`ResponseTooLarge`, into an answer too long (not retried: the server would send as much again).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ import openai
 MAX_RESPONSE_BYTES = 32 * 2**20
 
 
+class ResponseTooLarge(Exception):
+    """Marks the size cap's read error: `openai` wraps it as a dropped connection, which is retried."""
+
+
 def http_library() -> ModuleType:
     """The HTTP library this `openai` is built on: httpx, or httpx2 from openai 3 on."""
     base = openai.DefaultHttpxClient.__mro__[1]
@@ -35,6 +40,9 @@ def http_library() -> ModuleType:
 def bounded_http_client(total_s: float) -> Any:
     """openai's default HTTP client (its timeouts, connection limits) with the bounds above."""
     http = http_library()
+
+    class TooLarge(http.ReadError, ResponseTooLarge):  # type: ignore[name-defined, misc]
+        pass
 
     class Bounded(http.SyncByteStream):  # type: ignore[name-defined, misc]
         def __init__(self, inner: Any, deadline: float, request: Any):
@@ -48,7 +56,7 @@ def bounded_http_client(total_s: float) -> Any:
                     raise http.ReadTimeout(f"the response did not arrive whole within {total_s:g} s",
                                            request=self.request)
                 if size > MAX_RESPONSE_BYTES:
-                    raise http.ReadError(f"the response passed {MAX_RESPONSE_BYTES // 2**20} MiB", request=self.request)
+                    raise TooLarge(f"the response passed {MAX_RESPONSE_BYTES // 2**20} MiB", request=self.request)
                 yield chunk
 
         def close(self) -> None:

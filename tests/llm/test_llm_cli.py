@@ -133,3 +133,27 @@ def test_tune_refuses_an_llm_job_without_settings(db_url: str, monkeypatch):
     assert result.exit_code == 2 and "OPTICO_LLM_MODEL is not set" in result.output
     bad = runner.invoke(app, ["tune", str(EXAMPLE), "--reasoner", "gpt", "--database", db_url])
     assert bad.exit_code == 2 and "--reasoner: unknown reasoner 'gpt'" in bad.output
+
+
+def test_llm_check_reports_a_broken_endpoint_in_one_line_without_a_traceback(monkeypatch):
+    # Before: a body that is not JSON, and an answer of JSON nested 3,000 deep, each made
+    # `optico llm check` print a traceback (JSONDecodeError, RecursionError) instead of its one line.
+    from test_llm_transport import _body, serve
+
+    nested = "[" * 3000 + "]" * 3000
+    answers = {
+        "not JSON": lambda h: _body(h, b"<html>bad gateway</html>"),
+        "nested": lambda h: _body(h, json.dumps({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+            "role": "assistant", "content": '{"ok": ' + nested + "}"}}]}).encode()),
+    }
+    for name, answer in answers.items():
+        with serve(answer) as (url, _):
+            env = {"OPTICO_LLM_BASE_URL": url, "OPTICO_LLM_MODEL": "m", "OPTICO_LLM_STREAM": "false",
+                   "OPTICO_LLM_MAX_ATTEMPTS": "1"}
+            result = runner.invoke(app, ["llm", "check"], env=env)
+        assert result.exception is None or isinstance(result.exception, SystemExit), (name, repr(result.exception))
+        if name == "not JSON":
+            assert result.exit_code == 1 and "MalformedResponse" in result.output, result.output
+        else:  # the endpoint works; the answer is not the JSON asked for
+            assert result.exit_code == 0 and "not the JSON asked for" in result.output, result.output
+        assert "Traceback" not in result.output

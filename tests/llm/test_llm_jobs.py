@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from llm_testkit import API_KEY, OOM_LOG, FailingAt, llm_spec, messages_of, run_llm_job
 from fake_openai import Call, Reply, analysis_answer
 
@@ -290,4 +291,65 @@ def test_analysis_answer_in_text_is_used_even_when_json_was_asked(db_url: str, f
     result, store = run_llm_job(db_url, llm_spec(2))
     out = messages_of(store, result["job_id"], "analysis", "output")[0].content
     assert out["reasoner"] == "model-guided" and out["suggestions"]
+    store.close()
+
+
+@pytest.mark.parametrize("opening, closing, depth", [('{"a": ', "}", 900), ("[", "]", 3000)])
+def test_an_answer_of_json_nested_hundreds_deep_is_re_asked_then_replaced(db_url: str, fake_llm, opening: str,
+                                                                         closing: str, depth: int):
+    # Before: RecursionError escaped the redactor walking what was read (900 deep) or the JSON reader
+    # (3,000 deep), so the answer was neither recorded nor re-asked; the cause read "error (RecursionError)".
+    nested = '{"health": ' + opening * depth + "1" + closing * depth + "}"
+    fake_llm(lambda call: nested if call.role == "analysis" else None)
+    result, store = run_llm_job(db_url, llm_spec(3))
+    job = result["job_id"]
+    _assert_completed(result)
+    fallbacks = messages_of(store, job, "analysis", "fallback")
+    assert len(fallbacks) == 2 and {m.content["cause"] for m in fallbacks} == {"invalid-answer"}
+    calls = _llm_calls(store, job, "analysis")
+    assert [m.kind for m in calls] == ["llm_call", "llm_reask"] * 2 and all(m.content["error"] for m in calls)
+    store.close()
+
+
+def test_a_server_that_answers_garbage_is_recorded_and_trips_the_breaker(db_url: str, llm_env):
+    # Before: the JSONDecodeError of a 200 that is not JSON escaped the client: no llm_call message,
+    # the breaker never counted it (every agent asked again every iteration), cause "error (...)".
+    from types import SimpleNamespace
+
+    from test_llm_transport import _body, serve
+
+    with serve(lambda h: _body(h, b"<html>502 bad gateway</html>")) as (url, asked):
+        llm_env(SimpleNamespace(url=url), breaker_failures=2, stream="false")
+        result, store = run_llm_job(db_url, llm_spec(4))
+    job = result["job_id"]
+    _assert_completed(result)
+    causes = [m.content["cause"] for m in messages_of(store, job, kind="fallback")]
+    assert causes == ["endpoint", "endpoint"] + ["breaker"] * 4
+    failed = [m.content for m in _llm_calls(store, job) if m.content["attempts"]]
+    assert len(failed) == len(asked) == 2 and all("MalformedResponse" in c["error"] for c in failed)
+    store.close()
+
+
+def test_escape_sequences_in_an_invalid_answer_reach_no_log_line_or_fallback_reason(db_url: str, fake_llm, caplog):
+    # The re-ask error quotes the model's values, and it becomes the fallback reason: the warning on
+    # the `optico` logger (stderr of `optico tune`), the pool and the REST stream. Before: raw ESCs,
+    # so a proposal "TP: <ESC>[2J" cleared the user's terminal and an OSC 8 planted a hyperlink.
+    hostile = "\x1b]8;;http://evil.example/\x1b\\8\x1b]8;;\x1b\\\x1b[2J\x07"
+
+    def answer(call: Call) -> str | None:
+        if call.role != "generation":
+            return None
+        config = {"tensor_model_parallel_size": hostile}
+        return json.dumps({"proposals": [{"config": config, "justification": "x", "confidence": 50}]})
+
+    fake_llm(answer)
+    with caplog.at_level("WARNING", logger="optico"):
+        result, store = run_llm_job(db_url, llm_spec(3))
+    job = result["job_id"]
+    _assert_completed(result)
+    fallbacks = messages_of(store, job, "generation", "fallback")
+    assert len(fallbacks) == 2 and "TP=\\x1b]8;;http://evil.example/" in fallbacks[0].content["error"]
+    shown = [m.content["error"] for m in fallbacks] + [m.text for m in messages_of(store, job)] + \
+        [r.getMessage() for r in caplog.records]
+    assert not any(c in text for text in shown for c in "\x1b\x07")
     store.close()

@@ -114,3 +114,98 @@ def test_the_bounds_hold_through_a_proxy_named_in_the_environment(monkeypatch: p
             _client("http://llm.example.invalid/v1").complete([{"role": "user", "content": "hi"}], max_tokens=50)
         assert time.monotonic() - start < 6  # 1.5 s allowed; the proxy would drip for 30 s
     assert asked and asked[0].startswith("http://llm.example.invalid/")  # the request did go through it
+
+
+# -- a server that answers, but not with a Chat Completion ---------------------------------------
+
+def _body(handler: BaseHTTPRequestHandler, data: bytes, content_type: str = "application/json",
+          status: int = 200) -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def _sse(handler: BaseHTTPRequestHandler, *lines: str) -> None:
+    _events(handler)
+    for line in lines:
+        handler.wfile.write(f"{line}\n\n".encode())
+    handler.wfile.flush()
+
+
+def _whole(payload: object) -> Callable[[BaseHTTPRequestHandler], None]:
+    return lambda h: _body(h, json.dumps(payload).encode())
+
+
+def _chunk(choices: object) -> str:
+    return "data: " + json.dumps({**CHUNK, "choices": choices})
+
+
+MALFORMED = {
+    "not JSON": (lambda h: _body(h, b"{not json <html>"), False),
+    "not JSON, streamed": (lambda h: _sse(h, "data: {not json", "data: [DONE]"), True),
+    "choices not a list": (_whole({"id": "x", "object": "chat.completion", "choices": "abc"}), False),
+    "choices not a list, streamed": (lambda h: _sse(h, "data: " + json.dumps({**CHUNK, "choices": "abc"})), True),
+    "no choices": (_whole({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": []}),
+                   False),
+    "a number as content": (_whole({"choices": [{"index": 0, "message": {"content": 42}, "finish_reason": "stop"}]}),
+                            False),
+    "a number as content, streamed": (lambda h: _sse(h, _chunk([{"index": 0, "delta": {"content": 42},
+                                                                 "finish_reason": "stop"}])), True),
+    "a list as the body": (_whole([1, 2, 3]), False),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_body_that_is_not_a_chat_completion_is_an_endpoint_error_not_a_crash(case: str):
+    # Before: JSONDecodeError, AttributeError or TypeError escaped the client, so the call was not
+    # recorded, did not count for the breaker, and `optico llm check` printed a traceback.
+    answer, stream = MALFORMED[case]
+    with serve(answer) as (url, asked):
+        with pytest.raises(EndpointError, match="MalformedResponse"):
+            _client(url, stream=stream, max_attempts=3).complete([{"role": "user", "content": "hi"}], max_tokens=50)
+    assert len(asked) == 1  # it would answer the same again: not retried
+
+
+def _over_the_cap(handler: BaseHTTPRequestHandler) -> None:
+    """A JSON body of 40 MiB, sent as it is generated (no Content-Length)."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    handler.wfile.write(b'{"choices": [{"index": 0, "message": {"content": "')
+    for _ in range(40):
+        handler.wfile.write(b"A" * 2**20)
+
+
+def _one_endless_event(handler: BaseHTTPRequestHandler) -> None:
+    _events(handler)
+    handler.wfile.write(b'data: {"choices": "')
+    for _ in range(40):
+        handler.wfile.write(b"A" * 2**20)
+
+
+@pytest.mark.parametrize("answer, stream", [(_over_the_cap, False), (_one_endless_event, True)])
+def test_a_response_over_the_size_cap_is_not_retried_and_says_so(answer, stream: bool):
+    # Before: the cap's read error reached the client as openai's "Connection error.", a transient
+    # fault, so each attempt downloaded another 32 MiB; docs/llm.md says never retried.
+    with serve(answer) as (url, asked):
+        with pytest.raises(EndpointError, match="32 MiB") as err:
+            _client(url, stream=stream, max_attempts=3, timeout_s=30).complete(
+                [{"role": "user", "content": "hi"}], max_tokens=100_000_000)
+    assert len(asked) == 1 and err.value.attempts == 1
+
+
+def test_an_endpoint_error_message_reaches_no_one_with_its_escape_sequences():
+    # A server's error text ends up in the fallback reason: the pool, the log line on stderr, the
+    # REST stream. Before: "\x1b]8;;http://evil..." (a hyperlink), colours and a window title went raw.
+    message = ("bad request \x1b]8;;http://evil.example/\x1b\\click\x1b]8;;\x1b\\ \x1b[31mred\x1b[0m "
+               "\x1b]0;title\x07 \x9b2J")
+    payload = json.dumps({"error": {"message": message, "type": "invalid_request_error"}}).encode()
+    with serve(lambda h: _body(h, payload, status=400)) as (url, _):
+        with pytest.raises(EndpointError) as err:
+            _client(url).complete([{"role": "user", "content": "hi"}], max_tokens=50)
+    text = str(err.value)
+    assert "bad request \\x1b]8;;http://evil.example/" in text  # shown, not obeyed
+    assert not any(c in text for c in "\x1b\x07\x9b")
