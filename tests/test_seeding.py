@@ -1,9 +1,9 @@
-"""The first configuration of a job without a baseline: the model's pick within memory headroom,
-or the best of earlier jobs (warm start)."""
+"""The first configuration of a job without a baseline: the model's pick by expected MFU, or the best of
+earlier jobs (warm start)."""
 
 from __future__ import annotations
 
-from optico.agents.seeding import HEADROOM, start_configuration
+from optico.agents.seeding import start_configuration
 from optico.perfmodel.online import JobModel
 from tests.test_agents import SPACE, W, ok_trial
 
@@ -13,16 +13,16 @@ def _pool_and_model():
     return pool, JobModel(W)
 
 
-def test_cold_start_is_the_models_fastest_configuration_within_headroom():
+def test_cold_start_is_the_models_highest_expected_mfu():
     pool, model = _pool_and_model()
-    roomy = [s for s in pool if model.mem_gib(s) <= HEADROOM * model.limit_gib]
-    tight = [s for s in pool if HEADROOM * model.limit_gib < model.mem_gib(s) <= model.limit_gib]
+    admitted = [s for s in pool if not model.predicted_oom(s)]
     choice, why = start_configuration(pool, model, [])
-    assert choice in roomy
-    assert model.mfu(choice) == max(model.mfu(s) for s in roomy)
-    # The headroom matters here: something predicted faster would fit only without it.
-    assert max(model.mfu(s) for s in tight) > model.mfu(choice)
-    assert "model's pick" in why
+    assert choice in admitted
+    assert model.expected_mfu(choice) == max(model.expected_mfu(s) for s in admitted)
+    # The chance of fitting matters here: something predicted faster is a worse bet on memory.
+    faster = [s for s in admitted if model.mfu(s) > model.mfu(choice)]
+    assert faster and all(model.fit_probability(s) < model.fit_probability(choice) for s in faster)
+    assert "model's pick" in why and "chance of fitting" in why
 
 
 def test_warm_start_reruns_the_best_configuration_earlier_jobs_measured():
