@@ -6,13 +6,14 @@
   a receiver cannot bounce the request to another scheme or an internal address;
 - the URL itself is a secret (chat webhooks carry their token in the path): logs name its host only;
 - no loopback, link-local (the cloud metadata service at 169.254.169.254), other cloud metadata
-  (`METADATA_ADDRESSES`), unspecified, multicast or reserved address, named or resolved, unless OPTICO_WEBHOOK_ALLOW_LOCAL=true (a receiver on the
-  same host, in development): anyone with a write token sets a schedule's URL, and the server would
-  POST from inside the network. Private ranges (10/8, 192.168/16, ...) stay allowed: a team's own
-  chat or alerting service usually lives there. A name is resolved again when the hook is sent, and
-  the request goes to the address that was checked (a second lookup could answer otherwise: DNS
-  rebinding); TLS still verifies the certificate against the name. Through an HTTP(S)_PROXY the proxy
-  resolves the name, and its policy decides.
+  (`METADATA_ADDRESSES`), unspecified, multicast or reserved address, named or resolved, unless
+  OPTICO_WEBHOOK_ALLOW_LOCAL=true (a receiver on the same host, in development): anyone with a write
+  token sets a schedule's URL, and the server would POST from inside the network. Private ranges
+  (10/8, 192.168/16, ...) stay allowed: a team's own chat or alerting service usually lives there.
+  A name is resolved again when the hook is sent, and the request goes to the address that was
+  checked (a second lookup could answer otherwise: DNS rebinding); TLS still verifies the
+  certificate against the name. Through an HTTP(S)_PROXY the proxy resolves the name, and its
+  policy decides.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def _check_addresses(host: str, addresses: list[str]) -> None:
     for address in addresses:
         if _local(address):
             named = host if host == address else f"{host} ({address})"
-            raise ValueError(f"webhook_url: {named} is a loopback, link-local or cloud metadata address, which the server does "
-                             f"not post to (set {ALLOW_LOCAL_ENV}=true to allow it)")
+            raise ValueError(f"webhook_url: {named} is a loopback, link-local or cloud metadata address, which the "
+                             f"server does not post to (set {ALLOW_LOCAL_ENV}=true to allow it)")
 
 
 def check_webhook_url(url: str) -> str:

@@ -254,8 +254,10 @@ def test_paired_runs_compares_two_trials_files_run_by_run(tmp_path: Path, cli_en
 
     assert "difference +0.00 [+0.00, +0.00]   ahead on 0, behind on 0" in compare("random", "random")
     doc = json.loads(trials.read_text())
-    per = [sum(r["frac_of_opt_at"]["10"] for r in t["random"]) / 2 - sum(r["frac_of_opt_at"]["10"] for r in t["model-rank"]) / 2
-           for t in doc.values()]
+    def mean_at_10(runs: list[dict]) -> float:
+        return sum(r["frac_of_opt_at"]["10"] for r in runs) / len(runs)
+
+    per = [mean_at_10(t["random"]) - mean_at_10(t["model-rank"]) for t in doc.values()]
     line = next(x for x in compare("random", "model-rank").splitlines() if "best @10" in x)
     assert f"difference {100 * sum(per) / len(per):+.2f}" in line, line
 

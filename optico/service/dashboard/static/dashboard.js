@@ -84,7 +84,8 @@ function trialRow(jobId, r) {
 // Shown literally: Plotly renders a subset of HTML in hover text, and a diagnosis is not ours
 // (charts.plotly_text on the server).
 function plotlyText(text) {
-  return visible(String(text).replace(/\r\n|\r|\n/g, "\\n")).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  const shown = visible(String(text).replace(/\r\n|\r|\n/g, "\\n"));  // one line, escapes visible
+  return shown.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }
 
 function hover(r) {
