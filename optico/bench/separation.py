@@ -67,8 +67,8 @@ def file_rows(path: str | Path) -> frozenset[str]:
 def _rows_of(path: str) -> frozenset[str]:
     from optico.replay_csv import read_replay_csv
 
-    return frozenset({row_key(r.workload.key(), r.strategy.signature()) for r in read_replay_csv(path)
-            if r.workload is not None and r.strategy is not None})
+    return frozenset(row_key(r.workload.key(), r.strategy.signature()) for r in read_replay_csv(path)
+                     if r.workload is not None and r.strategy is not None)
 
 
 @lru_cache(maxsize=32)

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from optico.safe_yaml import MAX_DEPTH
 from optico.strategy import Strategy
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.S | re.I)
@@ -44,12 +45,7 @@ def split_reasoning(text: str) -> tuple[str, str]:
     return "\n\n".join(t for t in thoughts if t), rest.strip()
 
 
-# An answer's JSON is a few levels deep. Deeper is refused: the redactor and the validators walk it
-# recursively, and a model (or a server) can nest past Python's recursion limit in a few kilobytes.
-MAX_JSON_DEPTH = 32
-
-
-def shallow(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+def shallow(value: Any, limit: int = MAX_DEPTH) -> bool:
     """Whether `value` nests no more than `limit` lists and objects deep (walked without recursion)."""
     stack = [(value, 0)]
     while stack:
@@ -63,7 +59,9 @@ def shallow(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
 
 def extract_json(text: str) -> Any | None:
     """The first JSON object in `text` (whole, in a code fence, or embedded) that nests no deeper than
-    MAX_JSON_DEPTH, else None."""
+    untrusted input may (`MAX_DEPTH`, as a spec's YAML), else None: an answer's JSON is a few levels
+    deep, the redactor and the validators walk it recursively, and a model (or a server) can nest past
+    Python's recursion limit in a few kilobytes."""
     text = text.strip()
     candidates = [text] + [m.strip() for m in _JSON_FENCE.findall(text)]
     for c in candidates:

@@ -108,8 +108,7 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
         # FastAPI's own handler echoes each bad value back; a non-finite number (1e400, NaN) or a
         # huge nested one cannot or should not be: it becomes its repr, cut short. A rejected value
         # may be a credential sent in the wrong place: every text is redacted.
-        errors = jsonable_encoder([_unread_body(request) if _is_unread_body(e) else
-                                   {**e, "input": _echo(e["input"])} if "input" in e else e for e in exc.errors()])
+        errors = jsonable_encoder([_shown_error(request, e) for e in exc.errors()])
         return JSONResponse({"detail": scrub(errors)}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
     @app.exception_handler(StarletteHTTPException)
@@ -227,16 +226,15 @@ def _body_problem(cause: BaseException | None) -> str | None:
     return None
 
 
-def _is_unread_body(error: dict) -> bool:
-    """FastAPI decodes a body as JSON only when its Content-Type says JSON; otherwise the model is
-    given the raw bytes, and its error ("a valid dictionary") hides why."""
-    return tuple(error.get("loc", ())) == ("body",) and isinstance(error.get("input"), bytes)
-
-
-def _unread_body(request: Request) -> dict:
-    kind = request.headers.get("content-type", "").split(";")[0].strip()[:60]
-    return {"loc": ["body"], "msg": f"the body was sent as {kind!r}; send it as application/json",
-            "type": "content_type"}
+def _shown_error(request: Request, error: dict) -> dict:
+    """One validation error as the 422 shows it: its rejected value echoed as `_echo` allows. FastAPI
+    decodes a body as JSON only when its Content-Type says JSON; otherwise the model is given the raw
+    bytes, and its error ("a valid dictionary") hides why: that one names the Content-Type instead."""
+    if tuple(error.get("loc", ())) == ("body",) and isinstance(error.get("input"), bytes):
+        kind = request.headers.get("content-type", "").split(";")[0].strip()[:60]
+        return {"loc": ["body"], "msg": f"the body was sent as {kind!r}; send it as application/json",
+                "type": "content_type"}
+    return {**error, "input": _echo(error["input"])} if "input" in error else error
 
 
 def _echo(value: object) -> object:
