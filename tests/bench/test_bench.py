@@ -269,3 +269,28 @@ def test_a_landscape_run_hands_its_objects_back_to_the_collector(tiny_defs):
     result = run_landscape(tiny_defs[0], ["model-greedy"], budget=3, seeds=1, fidelity=False)
     assert len(result["runs"]["model-greedy"][0]["trials_log"]) == 3
     assert gc.get_freeze_count() == 0
+
+
+def test_the_per_layer_recompute_family_tunes_recompute_layer_by_layer_at_the_default_size():
+    """benchmarks/dev_recompute_layers.py: development landscapes only, full recompute's method and layer
+    count tuned (the case the guard's small-saving rule is about), each space no larger than the default
+    out-of-form family's for the same preset and cluster."""
+    import importlib.util
+
+    from optico.bench.landscapes import sim_defs
+    from optico.bench.suite import EFFECT_SIZE, landscape_seed
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "dev_recompute_layers.py"
+    spec = importlib.util.spec_from_file_location("dev_recompute_layers", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    family = module.per_layer_family()
+    default = {d.name: d for d in sim_defs(landscape_seed(dev=True), all_clusters=True, effect_size=EFFECT_SIZE,
+                                           group="out-of-form", suffix="+oof-layers")}
+    assert family and all(d.landscape_seed == landscape_seed(dev=True) for d in family)
+    assert not any(d.preset == "llama3-70b" for d in family)
+    smallest = min(family, key=lambda d: d.size_hint())
+    candidates = list(smallest.build().candidates)
+    blocks = {s.recompute_num_layers for s in candidates if s.recompute_method == "block"}
+    assert blocks == {1, 2, 4, 8}
+    assert len(candidates) <= len(list(default[smallest.name].build().candidates))
