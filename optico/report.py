@@ -31,7 +31,7 @@ def _failure(t: Trial) -> dict[str, Any] | None:
         return None
     f = t.failure
     return {"category": f.category.value, "summary": f.summary, "confidence": f.confidence,
-            "params": f.params, "retry": f.retry}
+            "described": f.described(), "params": f.params, "retry": f.retry}
 
 
 def _best(trials: list[Trial]) -> Trial | None:
@@ -176,8 +176,8 @@ def job_report(store: Store, job_id: int, *, tokens: float | None = None) -> dic
                          "reason": t.rationale})
             incumbent = t
     failures = [{"trial": t.index, "strategy": t.strategy.short(), "status": t.status.value,
-                 **(_failure(t) or {"category": "unknown", "summary": "", "confidence": 0, "params": [],
-                                    "retry": False})}
+                 **(_failure(t) or {"category": "unknown", "summary": "", "confidence": 0,
+                                    "described": "not diagnosed", "params": [], "retry": False})}
                 for t in trials if t.status in (TrialStatus.FAILED, TrialStatus.LOST)]
     spent = sum(t.gpu_seconds for t in trials) / 3600
     improvement = (best.metrics.mfu / baseline_trial.metrics.mfu - 1) if best and baseline_trial else None
@@ -254,11 +254,10 @@ def report_markdown(report: dict[str, Any]) -> str:
             out.append(f"| {step['trial']} | {_pct(step['mfu'])} | {_md(changes)} | {_md(step['reason'])} |")
         out.append("")
     if report["failures"]:
-        out += ["## Failures", "", "| trial | configuration | category | diagnosis | confidence |",
-                "|---:|---|---|---|---:|"]
+        # No confidence column: a diagnosis is shown with it (`Failure.described`).
+        out += ["## Failures", "", "| trial | configuration | category | diagnosis |", "|---:|---|---|---|"]
         for f in report["failures"]:
-            out.append(f"| {f['trial']} | {_md(f['strategy'])} | {f['category']} | {_md(f['summary'])} | "
-                       f"{f['confidence']} |")
+            out.append(f"| {f['trial']} | {_md(f['strategy'])} | {f['category']} | {_md(f['described'])} |")
         out.append("")
     if report["launch_script"]:
         out += ["## Launch script", "", "```sh", report["launch_script"].rstrip(), "```", ""]

@@ -61,6 +61,13 @@ class Failure(BaseModel):
     retry: bool = Field(False, description="Re-run unchanged: infrastructure faults only.")
     log_excerpt: str = ""
 
+    def described(self) -> str:
+        """The summary as shown, with its confidence once: the paper's forms end with it, a run lost
+        to a dead worker or an undiagnosed one does not."""
+        if "(confidence:" in self.summary.lower():
+            return self.summary
+        return f"{self.summary} (Confidence: {self.confidence})"
+
 
 class LaunchResult(BaseModel):
     """What a launcher returns: metrics on success, else the error log."""

@@ -276,3 +276,16 @@ def test_guard_check_all_gives_each_candidates_own_verdict():
     assert together == one_by_one
     rules = {v.rule for v in together}
     assert {"duplicate", "implied-oom", "known-failure", "predicted-oom", ""} <= rules
+
+
+def test_a_diagnosis_is_shown_with_its_confidence_once():
+    """The paper's forms end with "(Confidence: N)"; a summary without it (a run lost to a dead worker)
+    gets it appended, one that has it is shown as it is."""
+    from optico.trial import Failure, FailureCategory
+
+    paper = Failure(category=FailureCategory.OOM, summary="micro_batch_size 8 caused OOM (Confidence: 92)",
+                    confidence=92)
+    lost = Failure(category=FailureCategory.INFRASTRUCTURE, summary="lost: the worker running it stopped",
+                   confidence=100)
+    assert paper.described() == paper.summary
+    assert lost.described() == "lost: the worker running it stopped (Confidence: 100)"

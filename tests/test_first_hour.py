@@ -288,3 +288,17 @@ def test_tune_on_a_moe_preset_with_the_default_knobs_says_what_it_fixed(tmp_path
     said = " ".join(outcome.stdout.split())
     assert "search space: the default knobs, with cross_entropy_loss_fusion true, moe_grouped_gemm true" in said
     assert "--cross-entropy-loss-fusion" in outcome.stdout and "--moe-grouped-gemm" in outcome.stdout
+
+
+def test_an_infeasible_spec_says_why_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # Llama3-70B on one A100: nothing fits. The reason was printed twice, in the summary and on stderr.
+    spec = tmp_path / "huge.yaml"
+    spec.write_text("workload:\n  model: llama3-70b\n  seq_length: 8192\n  global_batch_size: 16\n"
+                    "  cluster: {gpu: a100-80gb, gpus_per_node: 1, nodes: 1}\nlauncher: {kind: sim}\n")
+    monkeypatch.setenv("OPTICO_DATABASE_URL", f"sqlite:///{tmp_path / 'pool.db'}")
+    outcome = run_in_process(["tune", str(spec), "--max-trials", "2"])
+    assert outcome.code == 1, outcome.stderr
+    said = " ".join((outcome.stdout + outcome.stderr).split())
+    assert said.count("is expected to fit") == 1, said
+    assert outcome.stderr.startswith("job 1 failed: no configuration in the search space is expected to fit")
+    assert len(outcome.stderr.strip().splitlines()) == 1, outcome.stderr

@@ -61,10 +61,22 @@ MAX_ID = SQL_INT_MAX
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def check_id(value: int | None, option: str) -> None:
-    """Ids are SQL integers from 1 (checked here, not as a typer range: its help would print the bound)."""
-    if value is not None and not 1 <= value <= MAX_ID:
-        fail(SpecError(option, f"{value} is not a valid id (1 to {MAX_ID})"))
+def parse_id(value: str | int) -> int:
+    """An id (a job's, an iteration's) as typed: plain decimal digits, 1 to MAX_ID. Not int(): it reads
+    "1_0" as job 10 and takes "+1" and " 1" (and typer's own int parsing "1.0"), so a typo would
+    act on another job. The bound is checked here, not as a typer range: its help would print it."""
+    if isinstance(value, int):  # a default, never typed
+        return value
+    if not (value.isascii() and value.isdigit()):
+        raise typer.BadParameter(f"{value!r} is not an id: give plain digits, e.g. 12")
+    # Length first: int() refuses over 4,300 digits, and no id has more than MAX_ID's.
+    if len(value) > len(str(MAX_ID)) or not 1 <= int(value) <= MAX_ID:
+        raise typer.BadParameter(f"{value} is not a valid id (1 to {MAX_ID})")
+    return int(value)
+
+
+# Every id on the command line is parsed by `parse_id`: these, or an option with `parser=parse_id`.
+JobIdArgument = typer.Argument(..., metavar="JOB_ID", parser=parse_id, show_default=False)
 
 
 def check_database_url(url: str, option: str = "--database") -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.text import Text
 
-from optico.cli.common import DatabaseOption, check_id, console, fail, open_store
+from optico.cli.common import DatabaseOption, JobIdArgument, console, fail, open_store
 from optico.cli.jobs import jobs_app
 from optico.errors import SpecError
 from optico.redact import redact
@@ -26,7 +26,6 @@ def _change(job_id: int, database: str | None, change: Callable[[Store], JobReco
     """Applies `change` to the job and prints its new status; a refused change is one line."""
     from optico.pool.lifecycle import LifecycleError
 
-    check_id(job_id, "JOB_ID")
     store, url = open_store(database, job=job_id)
     with store:
         try:
@@ -55,13 +54,13 @@ def jobs_submit(spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help=
 
 
 @jobs_app.command("stop")
-def jobs_stop(job_id: int, database: Optional[str] = DatabaseOption) -> None:
+def jobs_stop(job_id: int = JobIdArgument, database: Optional[str] = DatabaseOption) -> None:
     """Stop gracefully: the running trial finishes, no new one starts; a queued job is cancelled."""
     _change(job_id, database, lambda store: store.stop_job(job_id, "CLI"))  # as the API stops one
 
 
 @jobs_app.command("cancel")
-def jobs_cancel(job_id: int, database: Optional[str] = DatabaseOption) -> None:
+def jobs_cancel(job_id: int = JobIdArgument, database: Optional[str] = DatabaseOption) -> None:
     """Cancel: the running trial is killed and recorded as lost."""
     from optico.pool.lifecycle import JobStatus
 
@@ -70,7 +69,7 @@ def jobs_cancel(job_id: int, database: Optional[str] = DatabaseOption) -> None:
 
 
 @jobs_app.command("resume")
-def jobs_resume(job_id: int, database: Optional[str] = DatabaseOption) -> None:
+def jobs_resume(job_id: int = JobIdArgument, database: Optional[str] = DatabaseOption) -> None:
     """Queue an interrupted or failed job again for the workers (`optico tune --resume` runs it here instead)."""
     from optico.pool.lifecycle import JobStatus
 
@@ -79,7 +78,7 @@ def jobs_resume(job_id: int, database: Optional[str] = DatabaseOption) -> None:
 
 
 @jobs_app.command("budget")
-def jobs_budget(job_id: int,
+def jobs_budget(job_id: int = JobIdArgument,
                 max_trials: Optional[int] = typer.Option(None, "--max-trials", help="New trial budget."),
                 gpu_hours: Optional[float] = typer.Option(None, "--gpu-hours", help="New GPU-hour budget."),
                 database: Optional[str] = DatabaseOption) -> None:
@@ -87,7 +86,6 @@ def jobs_budget(job_id: int,
     from optico.pool.lifecycle import LifecycleError
     from optico.spec import MAX_GPU_HOURS, MAX_TRIALS
 
-    check_id(job_id, "JOB_ID")
     if max_trials is None and gpu_hours is None:
         fail("give --max-trials and/or --gpu-hours")
     # The spec's bounds: a budget changed later may not exceed what a spec may ask for.

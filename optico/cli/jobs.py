@@ -12,8 +12,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from optico.cli.common import (DatabaseOption, check_id, check_output_path, console, fail, open_store, output_file,
-                               shown_url)
+from optico.cli.common import (DatabaseOption, JobIdArgument, check_output_path, console, fail, open_store,
+                               output_file, parse_id, shown_url)
 from optico.cli.views import resume_hint, status_label, summary, trial_block, worker_gone
 from optico.textsafe import rich_text, terminal_text
 
@@ -168,10 +168,10 @@ def _show_messages(messages: list, *, full: bool, reasoning: bool) -> None:
 
 
 @jobs_app.command("show")
-def jobs_show(job_id: int = typer.Argument(..., metavar="JOB_ID", show_default=False),
+def jobs_show(job_id: int = JobIdArgument,
               messages: bool = typer.Option(False, "--messages", help="Each agent's output per iteration, one "
                                                                       "short entry each."),
-              iteration: Optional[int] = typer.Option(None, "--iteration", metavar="N",
+              iteration: Optional[int] = typer.Option(None, "--iteration", metavar="N", parser=parse_id,
                                                       help="Only this iteration's messages (implies --messages)."),
               agent: Optional[str] = typer.Option(None, "--agent", metavar="NAME",
                                                   help="Only this agent's messages: analysis, generation, guard, "
@@ -184,8 +184,6 @@ def jobs_show(job_id: int = typer.Argument(..., metavar="JOB_ID", show_default=F
               reasoning: bool = typer.Option(False, "--reasoning", help="Include stored chain of thought."),
               database: Optional[str] = DatabaseOption) -> None:
     """One job: its trials, its best configuration, and optionally the agents' messages."""
-    check_id(job_id, "JOB_ID")
-    check_id(iteration, "--iteration")
     from optico.report import job_result
 
     store, url = open_store(database, job=job_id)
@@ -209,7 +207,7 @@ def jobs_show(job_id: int = typer.Argument(..., metavar="JOB_ID", show_default=F
                 t.index, t.strategy.short(), t.status.value, mfu=t.mfu,
                 mem_gib=t.metrics.mem_max_gib if t.metrics else None,
                 limit_gib=t.metrics.mem_limit_gib if t.metrics else None, why=t.rationale,
-                diagnosis=t.failure.summary if t.failure else None,
+                diagnosis=t.failure.described() if t.failure else None,
                 log_path=t.log_path if t.status.value != "ok" else None))
         if shown is not None:
             _show_messages(shown, full=full, reasoning=reasoning)
@@ -221,13 +219,12 @@ _MEASURING_LAUNCHERS = ("local", "ray")
 
 
 @jobs_app.command("export")
-def jobs_export(job_id: int = typer.Argument(..., metavar="JOB_ID", show_default=False),
+def jobs_export(job_id: int = JobIdArgument,
                 out: Path = typer.Option(..., "--out", metavar="FILE.csv", help="Replay CSV to write."),
                 database: Optional[str] = DatabaseOption) -> None:
     """A job's measured trials as a replay CSV: for `optico perfmodel evaluate|calibrate --data`,
     `optico bench --landscape` or a replay launcher. Each row holds the trial's framework
     fingerprint; runs that say nothing about their configuration (lost, infrastructure) are left out."""
-    check_id(job_id, "JOB_ID")
     check_output_path(out, "--out")
     from optico.replay_csv import COLUMNS
     from optico.replay_rows import spreadsheet_safe, trial_row

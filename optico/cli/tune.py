@@ -16,8 +16,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from optico.cli.common import (DatabaseOption, check_id, check_output_path, console, err, fail, open_store,
-                               output_file, shown_url)
+from optico.cli.common import (DatabaseOption, check_output_path, console, err, fail, open_store, output_file,
+                               parse_id, shown_url)
 from optico.cli.views import summary, trial_block
 from optico.redact import redact
 from optico.spec import (
@@ -199,12 +199,11 @@ def tune(
     require_llm: bool = typer.Option(False, "--require-llm", help="Fail the job when an LLM reasoner falls "
                                                                   "back to the rules."),
     json_path: Optional[Path] = typer.Option(None, "--json", metavar="PATH", help="Write the result as JSON here."),
-    resume: Optional[int] = typer.Option(None, "--resume", metavar="JOB_ID",
+    resume: Optional[int] = typer.Option(None, "--resume", metavar="JOB_ID", parser=parse_id,
                                          help="Resume an interrupted job."),
     database: Optional[str] = DatabaseOption,
 ) -> None:
     """Run a tuning job (or resume one) and print the best configuration."""
-    check_id(resume, "--resume")
     if resume is None and spec_path is None:
         fail("SPEC.yaml: give a spec file, or --resume JOB_ID")
     if resume is not None and spec_path is not None:
@@ -282,15 +281,17 @@ def tune(
                           highlight=False)
             raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
         result = job_result(store, job_id)
-        summary(result, console)
+        final = store.get_job(job_id)
+        succeeded = final.status is JobStatus.SUCCEEDED
+        # A job that did not succeed says why once: on stderr, below, not also in the summary.
+        summary(result, console, stop_reason=succeeded)
         if json_path:
             with output_file(json_path, "--json") as f:
                 f.write(json.dumps(result, indent=2) + "\n")
             console.print(Text(f"result written to {terminal_text(json_path, one_line=True)}"))
-        final = store.get_job(job_id)
-        if final.status is not JobStatus.SUCCEEDED:
+        if not succeeded:
             reason = terminal_text(final.stop_reason or "", one_line=True, max_chars=500)
-            err.print(Text(f"job {job_id} {final.status.value}: {reason}".rstrip(": ")))
+            err.print(Text(f"job {job_id} {final.status.value}: {reason}".rstrip(": ")), soft_wrap=True)
             raise typer.Exit(1)
     finally:
         store.close()

@@ -75,12 +75,13 @@ def flag_lines(args: list[str], width: int) -> list[str]:
     return [line + (" \\" if i < len(lines) - 1 else "") for i, line in enumerate(lines)]
 
 
-def summary(result: dict[str, Any], console: Console) -> None:
-    """The end of a job: why it stopped, best against baseline, cost, the best flags."""
+def summary(result: dict[str, Any], console: Console, *, stop_reason: bool = True) -> None:
+    """The end of a job: why it stopped (unless `stop_reason` is false: the caller says it elsewhere),
+    best against baseline, cost, the best flags."""
     base, best = result["baseline"], result["best"]
     console.rule(Text(f"job {result['job_id']} {terminal_text(result['status'], one_line=True, max_chars=40)}",
                       style="bold"))
-    if result.get("stop_reason"):
+    if stop_reason and result.get("stop_reason"):
         console.print(Text.assemble("stopped: ", rich_text(result["stop_reason"], one_line=True)))
     if best:
         tflops = best["tflops_per_gpu"]

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import parse_qsl
 
+import anyio
 from fastapi import FastAPI, Request, Response, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
@@ -23,7 +24,7 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from optico import __version__
 from optico.pool.contract import StoreError
@@ -181,7 +182,8 @@ class OptiCoAPI(FastAPI):
 
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
-        return ContentLengthGate(stack, self.max_body_size) if self.max_body_size is not None else stack
+        stack = ContentLengthGate(stack, self.max_body_size) if self.max_body_size is not None else stack
+        return QuietDisconnects(stack)
 
 
 class ContentLengthGate:
@@ -201,6 +203,35 @@ class ContentLengthGate:
                                         headers={"X-Content-Type-Options": "nosniff", "Connection": "close"})
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+class QuietDisconnects:
+    """Ends a response quietly when its client has gone. FastAPI tears an event stream down after its
+    response; when the client left with events still buffered, its keepalive task finds nobody reading
+    and raises anyio.BrokenResourceError (fastapi/routing.py, `_keepalive_inserter`): a traceback in the
+    server's log for every closed tab or dropped connection. Only that error is dropped, and only once
+    the server has said the client is gone (`http.disconnect`); outermost, to see the server's own word."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        gone = False
+
+        async def watched() -> Message:
+            nonlocal gone
+            message = await receive()
+            gone = gone or message["type"] == "http.disconnect"
+            return message
+
+        try:
+            await self.app(scope, watched, send)
+        except BaseExceptionGroup as group:
+            _, other = group.split(anyio.BrokenResourceError)
+            if other is not None or not gone:
+                raise
 
 
 class RedactedAccessLog(logging.Filter):

@@ -140,6 +140,26 @@ def test_hostile_arguments_are_refused_in_one_line(case, spec: str, tmp_path: Pa
     assert "hunter2" not in outcome.stderr and "s3cret" not in outcome.stderr  # passwords never printed
 
 
+# int() reads "1_0" as 10 and takes "+1" and " 1": each once looked up (or acted on) another job.
+@pytest.mark.parametrize("argv, field", [
+    (["jobs", "show", "1_0"], "JOB_ID"),
+    (["jobs", "show", "+1"], "JOB_ID"),
+    (["jobs", "show", " 1"], "JOB_ID"),
+    (["jobs", "show", "1.0"], "JOB_ID"),
+    (["jobs", "show", "1", "--iteration", "1_0"], "--iteration"),
+    (["jobs", "export", "1_0", "--out", "x.csv"], "JOB_ID"),
+    (["jobs", "cancel", "1_0"], "JOB_ID"),
+    (["jobs", "stop", "+1"], "JOB_ID"),
+    (["jobs", "resume", "1_0"], "JOB_ID"),
+    (["jobs", "budget", "1_0", "--max-trials", "3"], "JOB_ID"),
+    (["tune", "--resume", "1_0"], "--resume"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_ids_are_plain_decimal_digits(argv: list[str], field: str, pool_env: Path):
+    outcome = run_in_process(argv)
+    assert_refused(outcome, pool_env, field)
+    assert "is not an id" in outcome.stderr and "no job" not in outcome.stderr, outcome.stderr
+
+
 def test_a_sqlite_url_with_options_creates_no_file(spec: str, tmp_path: Path, pool_env: Path):
     # SQLAlchemy opened "pool.db?cache=shared" (0644, the whole pool) beside the private pool.db (the
     # checkpointer's): the pool split in two, one of them readable by everyone.

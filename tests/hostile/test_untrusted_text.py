@@ -109,7 +109,7 @@ def test_the_markdown_report_and_the_dashboard_show_hostile_text_escaped(hostile
     link = "[click](javascript:alert(1))"
     with SqlStore(f"sqlite:///{hostile_pool}") as store:
         report = job_report(store, 1)
-    report["failures"][0]["summary"] += link
+    report["failures"][0]["described"] += link
     markdown = report_markdown(report)
     assert "\x1b" not in markdown and "\x07" not in markdown and "\u202e" not in markdown
     assert "\\x1b" in markdown and "\\u202e" in markdown and link not in markdown and "\\[click\\]" in markdown

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -172,7 +173,7 @@ def test_a_job_page_follows_a_running_job_live(browser: Any, site):
     trials = http.get(f"/api/v1/jobs/{job['id']}/trials").json()
     first = page.locator("#trials-table tbody tr").first
     assert trials[0]["status"] == "failed" and trials[0]["failure"]["summary"] in first.inner_text()
-    assert f"(confidence {trials[0]['failure']['confidence']})" in first.inner_text()
+    assert first.inner_text().lower().count("confidence") == 1  # the diagnosis's own "(Confidence: N)"
     for row, (before, after) in zip(page.locator("#trials-table tbody tr").all()[1:], zip(trials, trials[1:])):
         expected = flag_changes(Strategy.model_validate(before["strategy"]), Strategy.model_validate(after["strategy"]))
         assert row.locator("td.diff code").all_inner_texts() == expected
@@ -187,6 +188,28 @@ def test_a_job_page_follows_a_running_job_live(browser: Any, site):
     script = httpx.get(f"{service.url}/jobs/{job['id']}/launch.sh", cookies={"optico_session": tokens["read"]})
     assert script.status_code == 200 and "torchrun" in script.text and final["best"]["megatron_args"][1] in script.text
     assert ui.errors == [] and ui.dialogs == []
+    ui.close()
+
+
+def test_a_diagnosis_shows_its_confidence_once(browser: Any, site):
+    # The diagnosis ends "(Confidence: N)"; the job row, the trial page and the report added it again.
+    service, tokens, store = site
+    http = client(service, tokens["write"])
+    body = spec("oom-once", max_trials=2, trial_seconds=0)
+    body["baseline"] = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "micro_batch_size": 8}
+    job = http.post("/api/v1/jobs", json=body).json()  # the baseline runs out of memory
+    wait_for(lambda: http.get(f"/api/v1/jobs/{job['id']}").json()["status"] in ("succeeded", "failed"),
+             what="the job to finish")
+    summary = store.trials(job["id"])[0].failure.summary
+    assert re.search(r"\(Confidence: \d+\)$", summary), summary
+    ui = Page(browser, service, tokens["read"])
+    row = ui.go(f"/jobs/{job['id']}").locator("#trials-table tbody tr").first.inner_text()
+    trial = ui.go(f"/jobs/{job['id']}/trials/1").locator("section").first.inner_text()
+    report = http.get(f"/api/v1/jobs/{job['id']}/report", params={"format": "markdown"}).text
+    failures = report.split("## Failures")[1].split("##")[0]
+    for shown in (row, trial, failures):
+        assert shown.lower().count("confidence") == 1, shown
+    assert ui.errors == []
     ui.close()
 
 

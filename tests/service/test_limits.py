@@ -5,6 +5,7 @@ Against a real `optico serve` process over real sockets."""
 from __future__ import annotations
 
 import socket
+import struct
 import time
 
 import httpx
@@ -88,3 +89,38 @@ def test_event_streams_beyond_the_cap_get_503_and_a_freed_slot_serves_the_next(m
     wait_for(third_stream_opens, timeout=30, what="a slot freed by the closed stream")
     second.__exit__(None, None, None)
     http.post(f"/api/v1/jobs/{job['id']}/cancel")
+
+
+def test_a_client_dropping_a_busy_event_stream_leaves_no_traceback_in_the_log(make_service, db_url: str,
+                                                                              tokens: dict[str, str]):
+    # Clients that read nothing, then reset the connection, while megabytes of events are still on their
+    # way: FastAPI's teardown of each stream raised anyio.BrokenResourceError, logged as a traceback.
+    from optico.events import AgentOutput
+    from optico.pool.store import SqlStore
+    from optico.spec import parse_spec
+
+    with SqlStore(db_url) as store:
+        job = store.create_job(parse_spec(spec("busy")))
+        store.claim_job("elsewhere", 600, job_id=job)  # running, on a worker this service does not have
+        for i in range(300):
+            store.add_event(job, AgentOutput(iteration=i, agent="analysis", message="m", text="x" * 20_000),
+                            worker="elsewhere")
+    # One stream at a time: the next one opens only once the dropped one's teardown has finished.
+    service = make_service("--no-worker", OPTICO_MAX_EVENT_STREAMS="1").start()
+    http = client(service, tokens["read"])
+    for path in (f"/api/v1/jobs/{job}/events", f"/ui/jobs/{job}/events"):
+        auth = f"Authorization: Bearer {tokens['read']}" if path.startswith("/api") else \
+            f"Cookie: optico_session={tokens['read']}"
+        with socket.create_connection(("127.0.0.1", service.port), timeout=10) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n\r\n".encode())
+            assert sock.recv(12) == b"HTTP/1.1 200"
+            time.sleep(1)  # the server fills the socket and its own buffers
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close: a reset
+
+        def next_stream_opens() -> bool:
+            with http.stream("GET", f"/api/v1/jobs/{job}/events", timeout=30) as stream:
+                return stream.status_code == 200
+        wait_for(next_stream_opens, timeout=30, what="the dropped stream's slot")
+    service.stop()
+    log = service.log.read_text()
+    assert "Traceback" not in log and "BrokenResourceError" not in log, log[-3000:]

@@ -71,9 +71,7 @@ function trialRow(jobId, r) {
   tr.appendChild(mfu);
   const detail = cell("td", null, "detail");
   if (r.diagnosis) {
-    detail.appendChild(cell("span", r.diagnosis, "diagnosis"));
-    detail.appendChild(document.createTextNode(" "));
-    detail.appendChild(cell("span", "(confidence " + r.confidence + ")", "confidence"));
+    detail.appendChild(cell("span", r.diagnosis, "diagnosis"));  // with its confidence (Failure.described)
   } else if (r.mem_max_gib) {
     detail.textContent = r.mem_max_gib.toFixed(1) + " / " + r.mem_limit_gib.toFixed(1) + " GiB";
   }
