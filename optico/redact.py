@@ -42,7 +42,8 @@ _SHAPES = [
     re.compile(r"(?i)(api[-_]?key[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9_\-.]{8,}"),
     # user:password@ in a URL, also one a path normalization wrote with a single slash ("https:/u:p@h").
     re.compile(r"(?<=:/)(/?)[^/@\s:]+:[^/@\s]+(?=@)"),
-    re.compile(r"(?i)\b((?:password|passwd|pwd|secret)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&]{4,}"),
+    # Not after a slash: "/etc/passwd: must be ..." names a file, it assigns nothing.
+    re.compile(r"(?i)(?<![/\\])\b((?:password|passwd|pwd|secret)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&]{4,}"),
     # Well-known token formats a log or a spec may carry under any name: GitHub, Hugging Face, AWS
     # access key ids, Slack, Google API keys, GitLab, npm, PyPI.
     re.compile(r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})"),

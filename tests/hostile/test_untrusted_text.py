@@ -116,3 +116,14 @@ def test_the_markdown_report_and_the_dashboard_show_hostile_text_escaped(hostile
     page = templates.env.from_string("<p>{{ text }}</p><script type='application/json'>{{ data|tojson }}</script>")
     html = page.render(text=HOSTILE, data={"text": HOSTILE})
     assert "\x1b" not in html and "\u202e" not in html and "\\u202e" in html and "&lt;" not in html.split("<script")[1]
+
+
+def test_a_path_ending_in_a_secret_word_is_not_a_secret_assignment():
+    """"/etc/passwd: must be readable" names a file: nothing in it is masked. The assignments the
+    pattern is for still are."""
+    from optico.redact import redact
+
+    assert redact("open /etc/passwd: must be readable") == "open /etc/passwd: must be readable"
+    assert redact(r"C:\secret: must exist") == r"C:\secret: must exist"
+    assert "hunter22" not in redact("password: hunter22") and "hunter22" not in redact("db passwd=hunter22")
+    assert "hunter22" not in redact('{"secret": "hunter22"}')
