@@ -25,7 +25,11 @@ MAX_JSON_BYTES = 1024 * 1024  # a calibration is ~2 KB
 
 def resolve(path_text: str, base_dir: Path | None) -> Path:
     """A path from a spec: `~` expanded, relative ones taken from `base_dir` (the spec's folder)."""
-    path = Path(path_text).expanduser()
+    path = Path(path_text)
+    try:
+        path = path.expanduser()
+    except RuntimeError:  # "~nosuchuser/x": no home to expand; read as written, it is "no such file"
+        pass
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
     return path
@@ -34,22 +38,27 @@ def resolve(path_text: str, base_dir: Path | None) -> Path:
 def read_text(path: Path, field: str, what: str, max_bytes: int) -> str:
     """The file's text, or SpecError(field) saying why it is not a readable `what`."""
     try:
-        info = os.stat(path)
+        # Opened first and checked by what was opened (fstat), so a file swapped for a FIFO or a
+        # device after a check cannot slip through; O_NONBLOCK: opening a FIFO must not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise SpecError(field, f"no such file: {path}") from None
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         raise SpecError(field, f"cannot read {path}: {_os_reason(exc)}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise SpecError(field, f"{path} is a directory, not a {what}")
-    if not stat.S_ISREG(info.st_mode):
-        raise SpecError(field, f"{path} is not a regular file (a device, pipe or socket), not a {what}")
-    if info.st_size > max_bytes:
-        raise SpecError(field, f"{path} is {info.st_size:,} bytes; a {what} may be at most {max_bytes:,}")
     try:
-        with open(path, "rb") as handle:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise SpecError(field, f"{path} is a directory, not a {what}")
+        if not stat.S_ISREG(info.st_mode):
+            raise SpecError(field, f"{path} is not a regular file (a device, pipe or socket), not a {what}")
+        if info.st_size > max_bytes:
+            raise SpecError(field, f"{path} is {info.st_size:,} bytes; a {what} may be at most {max_bytes:,}")
+        with open(fd, "rb", closefd=False) as handle:
             data = handle.read(max_bytes + 1)  # st_size can lie (/proc); the read is bounded anyway
     except OSError as exc:
         raise SpecError(field, f"cannot read {path}: {_os_reason(exc)}") from None
+    finally:
+        os.close(fd)
     if len(data) > max_bytes:
         raise SpecError(field, f"{path} is more than {max_bytes:,} bytes; a {what} may be at most {max_bytes:,}")
     return decode_text(data, field, f"{path}", what)

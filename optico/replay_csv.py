@@ -69,6 +69,7 @@ Rules that are decisions rather than parsing, in one place:
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import re
 from collections import Counter
@@ -78,7 +79,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
-from optico.errors import loc_fields
+from optico.errors import SpecError, loc_fields
 from optico.flops import flops_per_iteration
 from optico.gpus import GPUS, Precision, normalize_gpu_name
 from optico.knobs import KNOBS
@@ -860,16 +861,18 @@ def read_replay_file(path: str | Path, defaults: ReplayDefaults | None = None, *
 
     Raises ReplayError when the file has no model column nor any architecture column (not a replay
     table), and with `strict` at the first row that is skipped, naming file:line and the reason."""
+    from optico.input_files import read_text
+
     path = Path(path)
     defaults = defaults or ReplayDefaults()
-    if path.stat().st_size > MAX_CSV_BYTES:
-        raise ReplayError(f"{path}: larger than {MAX_CSV_BYTES // 2**20} MiB; a replay CSV may be at most that")
+    try:  # bounded, a regular file, UTF-8 without NULs: a CSV swapped for /dev/zero or a FIFO since the spec
+        text = read_text(path, "", "replay CSV", MAX_CSV_BYTES)  # was checked must not hang the launcher
+    except SpecError as exc:
+        raise ReplayError(exc.reason) from None
     try:
-        return _read_rows(path, defaults, strict)
-    except csv.Error as exc:  # a cell beyond csv's field limit (128 KiB), a NUL in some Pythons
+        return _read_rows(path, text, defaults, strict)
+    except csv.Error as exc:  # a cell beyond csv's field limit (128 KiB)
         raise ReplayError(f"{path}: not a readable CSV: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ReplayError(f"{path}: not UTF-8 text (byte {exc.start})") from None
 
 
 def _memory_measure(header: str) -> Literal["", "allocated", "reserved"]:
@@ -878,10 +881,10 @@ def _memory_measure(header: str) -> Literal["", "allocated", "reserved"]:
     return "allocated" if "allocated" in words else "reserved" if "reserved" in words else ""
 
 
-def _read_rows(path: Path, defaults: ReplayDefaults, strict: bool) -> tuple[list[ReplayRow], FileReport]:
+def _read_rows(path: Path, text: str, defaults: ReplayDefaults, strict: bool) -> tuple[list[ReplayRow], FileReport]:
     report = FileReport(file=path.name)
     rows: list[ReplayRow] = []
-    with path.open(newline="", encoding="utf-8-sig") as handle:
+    with io.StringIO(text, newline="") as handle:
         # csv.reader, not DictReader: it yields blank lines (so file:line stays right after them) and
         # leaves a record's extra fields visible (an unquoted "4,064" shifts every cell after it).
         reader = csv.reader(handle)

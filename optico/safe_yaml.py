@@ -37,6 +37,10 @@ _TAG = "tag:yaml.org,2002:"
 ALLOWED_TAGS = frozenset(_TAG + t for t in ("str", "int", "float", "bool", "null", "seq", "map", "merge"))
 
 
+# The node each allowed tag goes on (scalar tags on scalars): `!!map x` or `!!map [1]` crashed the constructor.
+_NODE_KIND: dict[str, type[Node]] = {_TAG + "map": MappingNode, _TAG + "seq": SequenceNode}
+_KIND_NAME = {ScalarNode: "a scalar", SequenceNode: "a list", MappingNode: "a mapping"}
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SCALARS = yaml.constructor.SafeConstructor()  # reads a tagged scalar as YAML does, for the checks
 _TAGGED_KINDS = {_TAG + "int": "int", _TAG + "float": "float", _TAG + "bool": "bool"}
@@ -199,6 +203,8 @@ def check_graph(root: Node) -> None:
         if node.tag not in ALLOWED_TAGS:
             raise _refuse(f"tag {node.tag!r} is not allowed (strings, numbers, booleans, null, lists and "
                           f"mappings only)", node, path)
+        if not isinstance(node, _NODE_KIND.get(node.tag, ScalarNode)):
+            raise _refuse(f"the !!{node.tag.removeprefix(_TAG)} tag cannot go on {_KIND_NAME[type(node)]}", node, path)
         if isinstance(node, ScalarNode):
             problem = _scalar_problem(node)
             if problem:

@@ -162,6 +162,8 @@ class ReasonerSpec(BaseModel):
     def _ablations(cls, value: object) -> object:
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, (list, tuple)) and not all(isinstance(v, str) for v in value):
+            return tuple(value)  # a list or mapping among them cannot go in a set; pydantic names the item
         if isinstance(value, (list, tuple)):
             return tuple(sorted(set(value), key=lambda v: ABLATIONS.index(v) if v in ABLATIONS else 99))
         return value
@@ -364,15 +366,21 @@ def _strategy_value(field: str, value: Any, where: str) -> Any:
 
 
 def _names(raw: Any, where: str) -> list[tuple[str, str]]:
-    """(name as written, strategy field) for each key of a tunables/fixed/baseline section."""
-    out = []
+    """(name as written, strategy field) for each key of a tunables/fixed/baseline section; two names of
+    one knob (`tp` and `tensor_model_parallel_size`) are a duplicate key, refused rather than the last winning."""
+    out: list[tuple[str, str]] = []
+    seen: dict[str, str] = {}
     for name in raw:
         if not isinstance(name, str):
             raise SpecError(where, f"names must be strings, got {_describe(name)}")
         try:
-            out.append((name, canonical_field(name)))
+            field = canonical_field(name)
         except KeyError as exc:
             raise SpecError(where, exc.args[0]) from None
+        if field in seen:
+            raise SpecError(f"{where}.{name}", f"names the same knob as {seen[field]!r}")
+        seen[field] = name
+        out.append((name, field))
     return out
 
 
@@ -405,11 +413,7 @@ def _search_space(raw: Any, w: Workload, keep: frozenset[str] = frozenset()) -> 
     if tunables is not None and len(tunables) > MAX_TUNABLES:
         raise SpecError("search_space.tunables", f"{len(tunables)} tunables; at most {MAX_TUNABLES}")
     fixed = _mapping(data.get("fixed"), "search_space.fixed")
-    seen: dict[str, str] = {}
     for name, field in _names(tunables or [], "search_space.tunables"):
-        if field in seen:
-            raise SpecError(f"search_space.tunables.{name}", f"names the same knob as {seen[field]!r}")
-        seen[field] = name
         values = tunables[name] if isinstance(tunables, dict) else None
         if values is None:
             continue
@@ -568,7 +572,11 @@ def _check_text(value: str | None, field: str) -> None:
 
 def _confined(path: Path, field: str, files_within: Path | None) -> Path:
     """`path`, resolved; SpecError unless it lies inside `files_within` (when given)."""
-    resolved = path.resolve()
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
+        reason = getattr(exc, "strerror", None) or "a loop of symbolic links"
+        raise SpecError(field, f"cannot read {path}: {reason}") from None
     if files_within is not None and not resolved.is_relative_to(files_within.resolve()):
         raise SpecError(field, f"{path} is outside {files_within}, the folder specs may read files from")
     return resolved
@@ -586,7 +594,7 @@ def check_launcher(launcher: LauncherSpec, w: Workload, space: SearchSpace,
         raise SpecError("launcher.data", "the replay launcher needs the CSV of measured runs")
     path = _confined(resolve(_path_field(launcher.data, "launcher.data"), base_dir), "launcher.data", files_within)
     check_replay_csv(path, w, space, "launcher.data")
-    return launcher.model_copy(update={"data": str(path.resolve())})
+    return launcher.model_copy(update={"data": str(path)})
 
 
 def _name(name: Any) -> str:

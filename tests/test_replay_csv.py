@@ -564,8 +564,27 @@ def test_files_the_reader_cannot_take_are_one_replay_error(tmp_path: Path):
         read_replay_csv(rows)
     latin = tmp_path / "latin.csv"
     latin.write_bytes(",".join(COLUMNS).encode() + b"\n\xe9\n")
-    with pytest.raises(ReplayError, match=r"latin\.csv: not UTF-8"):
+    with pytest.raises(ReplayError, match=r"latin\.csv is not UTF-8"):
         read_replay_csv(latin)
+
+
+@pytest.mark.timeout(30)  # the bug was a hang: fail fast, not at the suite's 600 s
+def test_a_file_swapped_for_a_fifo_or_a_device_is_refused_not_read(tmp_path: Path):
+    # The replay launcher reads its CSV again when a job runs or resumes, after the spec was checked:
+    # a FIFO hung it forever (open waits for a writer), /dev/zero ate memory until MemoryError.
+    import os
+    import time
+
+    fifo, zero, gone = tmp_path / "fifo.csv", tmp_path / "zero.csv", tmp_path / "gone.csv"
+    os.mkfifo(fifo)
+    zero.symlink_to("/dev/zero")
+    t0 = time.monotonic()
+    for path in (fifo, zero):
+        with pytest.raises(ReplayError, match="not a regular file"):
+            read_replay_csv(path)
+    with pytest.raises(ReplayError, match="no such file"):
+        read_replay_csv(gone)
+    assert time.monotonic() - t0 < 5
 
 
 def test_string_knobs_and_untied_embeddings_from_args(tmp_path: Path) -> None:

@@ -106,6 +106,15 @@ def _check_environment(spec: JobSpec) -> None:
         fail(exc)
 
 
+def _check_stored_files(spec: JobSpec) -> None:
+    """A resumed job's files, read again as at submission: its replay CSV may have changed since (swapped
+    for a FIFO, truncated, removed), and the job must not start on it."""
+    try:
+        check_launcher(spec.launcher, spec.workload, spec.search_space)
+    except SpecError as exc:
+        fail(exc)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler's or a container's stop), handled as Ctrl-C is: the job is marked
     interrupted and its lease released, so `--resume` need not wait for the lease to expire."""
@@ -233,6 +242,7 @@ def tune(
                 fail(f"--resume: no job {resume} in {shown_url(url)}")
             _check_llm(job.spec)
             _check_environment(job.spec)
+            _check_stored_files(job.spec)
             max_t = job.max_trials
             job_id = resume
             if job.status is JobStatus.CANCELLED:

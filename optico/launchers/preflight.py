@@ -97,8 +97,13 @@ def _check_run_dir(run_dir: str | None) -> None:
         except OSError as exc:
             raise SpecError("launcher.run_dir", f"cannot create the data directory: {exc}") from None
         return
-    folder = Path(run_dir).expanduser()
+    try:
+        folder = Path(run_dir).expanduser()
+    except RuntimeError:  # "~nosuchuser/runs"
+        raise SpecError("launcher.run_dir", f"cannot create {run_dir}: no such user's home directory") from None
     while not folder.exists() and folder != folder.parent:
+        if folder.is_symlink():  # dangling, or a loop: nothing can be created through it
+            raise SpecError("launcher.run_dir", f"cannot create {run_dir}: {folder} is a broken symbolic link")
         folder = folder.parent
     if not folder.is_dir():
         raise SpecError("launcher.run_dir", f"cannot create {run_dir}: {folder} is not a directory")

@@ -165,6 +165,11 @@ TEXT_CASES = [
          .encode(), "search_space.fixed.use_distributed_optimizer"),
     Case("on for true", (good_yaml() + "reasoner: {require_llm: on}\n").encode(), "reasoner.require_llm"),
     Case("integer key", (good_yaml() + "1: one\n").encode(), "spec.yaml"),
+    # A tag on the wrong kind of node: `!!map` on a scalar or a list crashed the constructor.
+    Case("map tag on a scalar", (good_yaml() + "seed: !!map x\n").encode(), "seed"),
+    Case("map tag on a list", (good_yaml() + "launcher: {runtime_env: {x: !!map [1]}}\n").encode(),
+         "launcher.runtime_env.x"),
+    Case("str tag on a mapping", (good_yaml() + "seed: !!str {a: 1}\n").encode(), "seed"),
     Case("unclosed flow", b"workload: [unclosed\n", "spec.yaml"),
 ]
 
@@ -198,6 +203,13 @@ FIELD_CASES: list[tuple[str, Any, str]] = [
     ("workload.framework", {"megatron_core": "0.16\x1b[31m"}, "workload.framework.megatron_core"),
     ("workload.framework", {"image": "img\x1b]8;;http://evil\x07"}, "workload.framework.image"),
     ("workload.model", [1, 2], "workload.model"),
+    # A list or mapping among the ablations went into a set: TypeError, unhashable.
+    ("reasoner.ablate", [{"a": 1}], "reasoner.ablate.0"),
+    ("reasoner.ablate", ["cot", ["history"]], "reasoner.ablate.1"),
+    # Two names of one knob are a duplicate key (the last one won silently).
+    ("search_space.fixed", {"pp": 1, "pipeline_model_parallel_size": 2},
+     "search_space.fixed.pipeline_model_parallel_size"),
+    ("baseline", {"tp": 1, "tensor_model_parallel_size": 2}, "baseline.tensor_model_parallel_size"),
     ("workload.model", ..., "workload.model"),
     ("workload.cluster", "8xA100", "workload.cluster"),
     ("search_space.tunables", [], "search_space.tunables"),
@@ -348,6 +360,9 @@ MACHINE_CASES = [
     Case("local launcher across two nodes", edit(edit(GOOD, "launcher", {"kind": "local"}),
                                                  "workload.cluster.nodes", 2), "launcher.kind"),
     Case("run_dir under a file", edit(GOOD, "launcher", {"kind": "local", "run_dir": "/etc/hostname/runs"}),
+         "launcher.run_dir"),
+    Case("run_dir in an unknown user's home", edit(TINY_CPU, "launcher", {"kind": "local",
+                                                                          "run_dir": "~no-such-user-x/runs"}),
          "launcher.run_dir"),
     Case("ray_init with an unknown keyword", edit(TINY_CPU, "launcher", {"kind": "ray", "address": "local",
                                                                         "ray_init": {"num_gpus": 2, "gpus": 2}}),
