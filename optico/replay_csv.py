@@ -82,6 +82,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 from optico.errors import SpecError, loc_fields
 from optico.flops import flops_per_iteration
 from optico.gpus import GPUS, Precision, normalize_gpu_name
+from optico.input_files import read_text
 from optico.knobs import KNOBS
 from optico.parallel import ParallelDims
 from optico.replay_cells import (
@@ -861,8 +862,6 @@ def read_replay_file(path: str | Path, defaults: ReplayDefaults | None = None, *
 
     Raises ReplayError when the file has no model column nor any architecture column (not a replay
     table), and with `strict` at the first row that is skipped, naming file:line and the reason."""
-    from optico.input_files import read_text
-
     path = Path(path)
     defaults = defaults or ReplayDefaults()
     try:  # bounded, a regular file, UTF-8 without NULs: a CSV swapped for /dev/zero or a FIFO since the spec
@@ -1019,3 +1018,49 @@ def matches(row: ReplayRow, workload: Workload) -> bool:
             and w.precision == workload.precision
             and w.cluster.gpu == workload.cluster.gpu
             and w.world_size == workload.world_size)
+
+
+def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") -> None:
+    """Reads the replay CSV at spec load and refuses what the replay launcher would choke on or
+    silently trust: a file that is not the format, a row it cannot parse, no usable row for this
+    workload, none inside the search space, or a measurement impossible on the declared GPU
+    (MFU above 100 % of its peak, peak memory above its capacity, a time or rate that is not
+    positive). Errors name the file and, for a row, its line."""
+    text = read_text(path, field, "replay CSV", MAX_CSV_BYTES)
+    try:
+        records = csv.reader(io.StringIO(text, newline=""))  # "\r" alone ends a line too (old Mac exports)
+        header = next(records, [])
+        count = sum(1 for _ in itertools.islice(records, MAX_CSV_ROWS + 1))
+    except csv.Error as exc:
+        raise SpecError(field, f"{path.name} is not a CSV file: {exc}") from None
+    if count > MAX_CSV_ROWS:
+        raise SpecError(field, f"{path.name} has more than {MAX_CSV_ROWS:,} rows; a replay CSV may have at most "
+                               f"{MAX_CSV_ROWS:,}")
+    named = {canonical_header(h) for h in header}  # 'Model', 'TP' as the reader takes them
+    present = [c for c in COLUMNS if c in named]
+    if not present:
+        raise SpecError(field, f"{path.name} is not a replay CSV: its first line names none of the format's "
+                               f"columns ({', '.join(COLUMNS[:4])}, ...; see docs/launchers.md)")
+    try:
+        rows = read_replay_csv(path)
+    except (ValueError, csv.Error, OSError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SpecError(field, reason.replace(str(path), path.name)) from None
+    # The tolerant reading skips a wrong row (published tables have them); a spec's own file must not:
+    # a cell that is no count or no result, or a row shifted by an unquoted comma, is a broken file.
+    broken = next((r for r in rows if r.malformed), None)
+    if broken is not None:
+        raise SpecError(field, f"{broken.where}: {broken.malformed[0]}")
+    # A row of this workload whose numbers no GPU produces is a mistake in the table, not a row to skip.
+    impossible = next((r for r in rows if (r.skip_reason or "").startswith(IMPOSSIBLE) and r.workload is not None
+                       and matches(r, workload)), None)
+    if impossible is not None:
+        raise SpecError(field, f"{impossible.where}: {(impossible.skip_reason or '').removeprefix(IMPOSSIBLE + ': ')}")
+    measuring = [r for r in rows if r.usable and matches(r, workload)]
+    if not measuring:
+        usable = sum(r.usable for r in rows)
+        raise SpecError(field, f"{path.name}: none of its {len(rows)} rows ({usable} usable) measures this "
+                               f"workload ({workload.describe()})")
+    if not any(space.contains(r.strategy) for r in measuring):
+        raise SpecError(field, f"{path.name}: none of the {len(measuring)} configurations it measures for this "
+                               f"workload lies inside the search space")

@@ -24,11 +24,12 @@ import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
 from optico.errors import SpecError, loc_fields
-from optico.input_files import MAX_SPEC_BYTES, check_replay_csv, decode_text, read_text, resolve
+from optico.input_files import MAX_SPEC_BYTES, decode_text, read_text, resolve
 from optico.knobs import knob
 from optico.perfmodel.constants import read_calibration
 from optico.programs import ProgramSpec
 from optico.redact import is_optico_own
+from optico.replay_csv import check_replay_csv
 from optico.rules import is_valid, violations
 from optico.safe_yaml import load_yaml
 from optico.search_space import SearchSpace
