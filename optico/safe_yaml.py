@@ -75,6 +75,10 @@ def _scalar_problem(node: ScalarNode) -> str | None:
     if node.tag in (_TAG + "int", _TAG + "float") and ":" in node.value:
         # YAML 1.1's base 60 ("1:30" is 90, "1:30.5" is 90.5): a surprise, and unbounded by digits
         return f"{node.value[:30]!r} is a base-60 number; write the number (or quote a string)"
+    if node.tag in (_TAG + "int", _TAG + "float") and "_" in node.value:
+        # YAML 1.1 drops underscores ("6_4" is 64, "1___0" is 10); YAML 1.2 and JSON read no such number
+        return f"{node.value[:30]!r} has underscores, which YAML 1.1 drops; write the number without them " \
+               f"(or quote a string)"
     if node.tag == _TAG + "int":
         if _LEADING_ZERO.match(node.value):  # YAML 1.1 reads "01000" as octal: 512
             return f"{node.value[:30]!r} has a leading zero, which YAML 1.1 reads as octal; write the number " \

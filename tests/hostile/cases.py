@@ -164,6 +164,10 @@ TEXT_CASES = [
     Case("yes for true", good_yaml().replace("use_distributed_optimizer: true", "use_distributed_optimizer: yes")
          .encode(), "search_space.fixed.use_distributed_optimizer"),
     Case("on for true", (good_yaml() + "reasoner: {require_llm: on}\n").encode(), "reasoner.require_llm"),
+    # YAML 1.1 drops underscores in numbers: "6_4" was read as 64.
+    Case("underscores in an integer", good_yaml().replace("seq_length: 8192", "seq_length: 8_192").encode(),
+         "workload.seq_length"),
+    Case("underscores in a float", (good_yaml() + "budget: {gpu_hours: 1_0.5}\n").encode(), "budget.gpu_hours"),
     Case("integer key", (good_yaml() + "1: one\n").encode(), "spec.yaml"),
     # A tag on the wrong kind of node: `!!map` on a scalar or a list crashed the constructor.
     Case("map tag on a scalar", (good_yaml() + "seed: !!map x\n").encode(), "seed"),
