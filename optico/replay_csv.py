@@ -1041,9 +1041,9 @@ def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") 
     if not present:
         raise SpecError(field, f"{path.name} is not a replay CSV: its first line names none of the format's "
                                f"columns ({', '.join(COLUMNS[:4])}, ...; see docs/launchers.md)")
-    try:
-        rows = read_replay_csv(path)
-    except (ValueError, csv.Error, OSError) as exc:
+    try:  # the text already read, not the file again
+        rows = _read_rows(path, text, ReplayDefaults(), strict=False)[0]
+    except (ValueError, csv.Error) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SpecError(field, reason.replace(str(path), path.name)) from None
     # The tolerant reading skips a wrong row (published tables have them); a spec's own file must not:
