@@ -160,6 +160,20 @@ def parse_precision(cell: str | None) -> Any:
 
 
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+# Digits with commas between them: thousands separators ('1,234.5') or a decimal comma ('38,4').
+_DIGIT_COMMAS = re.compile(r"\d+(?:,\d+)+(?:\.\d*)?")
+_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d*)?")
+
+
+def _comma_read(found: re.Match) -> str:
+    """'1,234.5' -> '1234.5'; '38,4' -> '38.4' (no group of three digits after the comma: a decimal
+    comma, as European tables write one); anything else ('1,23,4') names no one number."""
+    digits = found.group(0)
+    if _THOUSANDS.fullmatch(digits):
+        return digits.replace(",", "")
+    if digits.count(",") == 1 and "." not in digits:
+        return digits.replace(",", ".")
+    raise CellError(f"{digits[:40]!r} is neither a number with thousands separators nor one decimal comma")
 _SCALE = {"k": 1e3, "m": 1e6, "b": 1e9}
 
 
@@ -171,7 +185,7 @@ def parse_number(cell: str | None, unit: str = "", header_unit: str = "") -> Any
     text = _text(cell)
     if is_unknown(text):
         return UNKNOWN
-    cleaned = text.replace(",", "").replace("≈", "").replace("~", "").strip().lower()
+    cleaned = _DIGIT_COMMAS.sub(_comma_read, text).replace(",", " ").replace("≈", "").replace("~", "").strip().lower()
     found = _NUMBER.search(cleaned)
     if not found:
         raise CellError(f"{text!r} is not a number")

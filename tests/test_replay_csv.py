@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from optico.perfmodel.flops import flops_per_iteration
+from optico.replay_cells import CellError, parse_number
 from optico.replay_csv import (
     COLUMNS,
     IMPOSSIBLE,
@@ -834,3 +835,18 @@ def test_a_written_row_keeps_a_cpu_runs_small_figures(tmp_path: Path) -> None:
     assert row.usable, row.skip_reason
     assert row.tflops_per_gpu == pytest.approx(0.0461234) and row.mfu == pytest.approx(0.0000466)
     assert row.step_time_s == pytest.approx(123.457) and row.mem_max_gib == pytest.approx(0.000712)
+
+
+def test_a_decimal_comma_is_read_as_one_and_a_comma_naming_no_number_is_refused(tmp_path: Path) -> None:
+    """'38,4' (a European table) is 38.4, not 384; '4,064' keeps its thousands separator; '1,2,3'
+    names no one number and is refused, not read as 123."""
+    assert parse_number("38,4 %", "fraction") == pytest.approx(0.384)
+    assert parse_number("1,25 s", "s") == pytest.approx(1.25)
+    assert parse_number("12,345,678.5") == 12345678.5
+    for cell in ("1,2,3", "1,234,56", "38,4.5"):
+        with pytest.raises(CellError, match="thousands separators"):
+            parse_number(cell)
+    path = tmp_path / "d.csv"
+    path.write_text(f"{HEADER},Step time (s)\n"
+                    "Llama3-8B,32,4096,32,8,14336,128256,8192,A100-80GB,8,2,1,1,128,ok,\"3,25\"\n")
+    assert read_replay_csv(path)[0].step_time_s == pytest.approx(3.25)
