@@ -17,7 +17,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e .
 	touch $@
 
-# optico bench: Optuna, matplotlib, threadpoolctl and the CPU torch (Optuna's GP sampler), and for the
+# optico bench: Optuna, matplotlib and the CPU torch (Optuna's GP sampler), and for the
 # independent landscapes llm-analysis without its optional transformers pin.
 $(VENV)/.installed-bench: $(VENV)/.installed
 	$(BIN)/pip install -q "$(TORCH)"

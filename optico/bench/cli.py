@@ -116,8 +116,8 @@ def bench(
 
 
 # What the benchmark imports beyond OptiCo itself (the `bench` extra): Optuna's samplers (its GP sampler
-# runs on torch), the plot, and the limit on BLAS threads per worker.
-BENCH_PACKAGES = ("optuna", "torch", "matplotlib", "threadpoolctl")
+# runs on torch) and the plot.
+BENCH_PACKAGES = ("optuna", "torch", "matplotlib")
 
 
 def _check_installed() -> None:

@@ -35,6 +35,7 @@ from optico.bench.metrics import run_metrics
 from optico.bench.summary import summarize
 from optico.bench.thirdparty import ThirdPartyDef, thirdparty_defs
 from optico.bench.tuners import make_tuner
+from optico.blas_threads import limit_blas_threads
 from optico.errors import SpecError, first_line
 from optico.replay_csv import ReplayError, ReplayRow
 from optico.spec import ReasonerSpec
@@ -227,23 +228,13 @@ def run_landscape(defn: LandscapeDef, tuners: Sequence[str], budget: int, seeds:
 def _warm_imports() -> None:
     """Imports the workers need, done once before forking."""
     import optuna  # noqa: F401
-    import scipy.linalg  # noqa: F401  (loads scipy's BLAS, so that its threads are limited below)
     import torch
 
     import optico.runner  # noqa: F401
 
     torch.set_num_threads(1)  # the GP baseline: threads fighting over 2 cores cost 4x
-    _one_blas_thread()
+    limit_blas_threads()  # with two workers on 2 cores, Optuna's GP sampler ran twice as long without
     from optico.pool.store import SqlStore  # noqa: F401
-
-
-def _one_blas_thread() -> None:
-    """One BLAS thread per process (numpy's and scipy's libraries alike): the benchmark runs a worker
-    per core, and its matrices are small (thousands by tens), where BLAS threads spin more than they
-    compute — with two workers on 2 cores, Optuna's GP sampler ran twice as long without this."""
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(limits=1)
 
 
 def run_benchmark(defs: Sequence[LandscapeDef], tuners: Sequence[str] = DEFAULT_TUNERS, budget: int = 20,
@@ -268,7 +259,7 @@ def run_benchmark(defs: Sequence[LandscapeDef], tuners: Sequence[str] = DEFAULT_
         # Largest spaces first, so the last worker does not start a big one alone at the end.
         order = sorted(defs, key=lambda d: -d.size_hint())
         ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_one_blas_thread) as pool:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=limit_blas_threads) as pool:
             futures = [pool.submit(run_landscape, d, tuners, budget, seeds, reasoner, fidelity) for d in order]
             for fut in as_completed(futures):
                 results.append(fut.result())

@@ -66,8 +66,10 @@ def _usage_reason(exc: typer.TyperException) -> str:
 
 def run_cli(argv: Sequence[str] | None = None) -> int:
     """Runs `optico` with `argv` (default: sys.argv[1:]); returns the exit status."""
+    from optico.blas_threads import limit_blas_threads
     from optico.cli.common import fail
 
+    limit_blas_threads()
     try:
         args = list(argv) if argv is not None else sys.argv[1:]
         # The command line as typed goes along: `--data a b --holdout c d` needs its order (`files_of`).
