@@ -7,9 +7,10 @@ Known secret values come from
 - values registered at run time (`register`): an LLM key from settings, a secret in a spec's
   `launcher.env`, a token just minted.
 Besides the known values, anything shaped like a credential is masked: `sk-...` keys,
-`Bearer ...`, `api_key=...`, `password=...`, `user:password@` in URLs, and the well-known token
-formats of GitHub (`ghp_...`), Hugging Face (`hf_...`), AWS access key ids, Slack, Google API keys,
-GitLab, npm, PyPI.
+`Bearer ...`, `Authorization: ...`, `api_key=...`, `access_token=...`, `password=...`, `user:password@`
+in URLs (with or without a user), JSON Web Tokens, and the well-known token formats of GitHub
+(`ghp_...`), Hugging Face (`hf_...`), AWS access key ids, Slack, Google API keys, GitLab, npm, PyPI,
+Stripe.
 
 Redact first, then truncate: a secret cut in half by truncation would no longer match.
 """
@@ -38,10 +39,18 @@ _SHAPES = [
     # ordinary words ("risk-assessment") stay as they are.
     re.compile(r"sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_]{32,}"),
     re.compile(r"optico_[rw]_[A-Za-z0-9_\-]{16,}"),  # our own API tokens
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9_\-.=~+/]{8,}"),
-    re.compile(r"(?i)(api[-_]?key[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9_\-.]{8,}"),
-    # user:password@ in a URL, also one a path normalization wrote with a single slash ("https:/u:p@h").
-    re.compile(r"(?<=:/)(/?)[^/@\s:]+:[^/@\s]+(?=@)"),
+    re.compile(r"(?i)(bearer:?\s+)[A-Za-z0-9_\-.=~+/]{8,}"),
+    # An Authorization header as a log or an error quotes it, whatever its scheme (Basic: user:password
+    # in base64).
+    re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?(?:[a-z]+\s+)?)[A-Za-z0-9_\-.=~+/]{8,}"),
+    re.compile(r"(?i)((?:api[-_]?key|access[-_]?token|refresh[-_]?token|auth[-_]?token|id[-_]?token|client[-_]?secret"
+               r"|secret[-_]?key|token)[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9_\-.~+/]{8,}"),
+    # user:password@ in a URL, also one a path normalization wrote with a single slash ("https:/u:p@h"),
+    # one with no user ("redis://:p@h"), and a password holding an @ (up to the last @ of the authority).
+    re.compile(r"(?<=:/)(/?)[^/@\s:]*:[^/\s]+(?=@)"),
+    # A JSON Web Token: header and payload are base64 of '{"...'.
+    re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),
+    re.compile(r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"),  # Stripe
     # Not after a slash: "/etc/passwd: must be ..." names a file, it assigns nothing.
     re.compile(r"(?i)(?<![/\\])\b((?:password|passwd|pwd|secret)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&]{4,}"),
     # Well-known token formats a log or a spec may carry under any name: GitHub, Hugging Face, AWS
@@ -91,7 +100,7 @@ def is_secret_name(name: str) -> bool:
 
 
 def _url_password(url: str) -> str | None:
-    match = re.search(r"://[^/@\s:]+:([^/@\s]+)@", url)
+    match = re.search(r"://[^/@\s:]*:([^/\s]+)@", url)
     return match.group(1) if match else None
 
 

@@ -22,7 +22,9 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -109,6 +111,9 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
         # FastAPI's own handler echoes each bad value back; a non-finite number (1e400, NaN) or a
         # huge nested one cannot or should not be: it becomes its repr, cut short. A rejected value
         # may be a credential sent in the wrong place: every text is redacted.
+        refused = await _unauthenticated_api_call(request)
+        if refused is not None:
+            return refused
         errors = jsonable_encoder([_shown_error(request, e) for e in exc.errors()])
         return JSONResponse({"detail": scrub(errors)}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
@@ -119,6 +124,9 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
         # here as the 422 every other bad body gets, with the reason.
         problem = _body_problem(exc.__cause__) if exc.status_code == status.HTTP_400_BAD_REQUEST else None
         if problem is not None:
+            refused = await _unauthenticated_api_call(request)
+            if refused is not None:
+                return refused
             return JSONResponse({"detail": [{"loc": ["body"], "msg": problem, "type": "json_invalid"}]},
                                 status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
         # Details quote what was refused ("unknown GPU '...'", a schedule's cron): redacted like every text.
@@ -164,9 +172,7 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
 
     @app.exception_handler(StoreError)
     async def database_down(_: Request, exc: StoreError) -> JSONResponse:
-        log.warning("database error: %s", redact(str(exc)))
-        return JSONResponse({"detail": "the pool's database is unavailable; retry later"},
-                            status_code=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "5"})
+        return _database_down(exc)
 
     return app
 
@@ -184,6 +190,32 @@ class OptiCoAPI(FastAPI):
         stack = super().build_middleware_stack()
         stack = ContentLengthGate(stack, self.max_body_size) if self.max_body_size is not None else stack
         return QuietDisconnects(stack)
+
+
+def _database_down(exc: StoreError) -> JSONResponse:
+    log.warning("database error: %s", redact(str(exc)))
+    return JSONResponse({"detail": "the pool's database is unavailable; retry later"},
+                        status_code=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": "5"})
+
+
+async def _unauthenticated_api_call(request: Request) -> Response | None:
+    """The 401 an API request without a valid token gets, for an error found before its token was
+    checked: FastAPI decodes a JSON body before it runs any dependency, so `{bad` sent anonymously
+    would be answered about its JSON, not its missing token. None when the token is good (or the
+    path is not the API's)."""
+    if not request.url.path.startswith("/api/"):
+        return None
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    token = token.strip()
+    try:  # (an error raised inside an exception handler would be a bare 500)
+        known = scheme.lower() == "bearer" and token and \
+            await run_in_threadpool(request.app.state.store.authenticate, token) is not None
+    except StoreError as exc:
+        return _database_down(exc)
+    if known:
+        return None
+    return JSONResponse({"detail": "a valid bearer token is required (optico token create NAME --scope read|write)"},
+                        status_code=status.HTTP_401_UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
 
 
 class ContentLengthGate:
@@ -206,11 +238,13 @@ class ContentLengthGate:
 
 
 class QuietDisconnects:
-    """Ends a response quietly when its client has gone. FastAPI tears an event stream down after its
+    """Ends a request quietly when its client has gone. FastAPI tears an event stream down after its
     response; when the client left with events still buffered, its keepalive task finds nobody reading
-    and raises anyio.BrokenResourceError (fastapi/routing.py, `_keepalive_inserter`): a traceback in the
-    server's log for every closed tab or dropped connection. Only that error is dropped, and only once
-    the server has said the client is gone (`http.disconnect`); outermost, to see the server's own word."""
+    and raises anyio.BrokenResourceError (fastapi/routing.py, `_keepalive_inserter`); a client that
+    leaves, or is cut off (`http_protocol`), halfway through sending a body makes Starlette raise
+    ClientDisconnect where the body is read. Each was a traceback in the server's log for every closed
+    tab or dropped connection. Only those errors are dropped, and only once the server has said the
+    client is gone (`http.disconnect`); outermost, to see the server's own word."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -228,8 +262,11 @@ class QuietDisconnects:
 
         try:
             await self.app(scope, watched, send)
+        except ClientDisconnect:
+            if not gone:
+                raise
         except BaseExceptionGroup as group:
-            _, other = group.split(anyio.BrokenResourceError)
+            _, other = group.split((anyio.BrokenResourceError, ClientDisconnect))
             if other is not None or not gone:
                 raise
 
@@ -258,13 +295,16 @@ def _body_problem(cause: BaseException | None) -> str | None:
 
 
 def _shown_error(request: Request, error: dict) -> dict:
-    """One validation error as the 422 shows it: its rejected value echoed as `_echo` allows. FastAPI
+    """One validation error as the 422 shows it: its rejected value echoed as `_echo` allows, a header's
+    not at all (a key or a credential sent in the wrong place). FastAPI
     decodes a body as JSON only when its Content-Type says JSON; otherwise the model is given the raw
     bytes, and its error ("a valid dictionary") hides why: that one names the Content-Type instead."""
     if tuple(error.get("loc", ())) == ("body",) and isinstance(error.get("input"), bytes):
         kind = request.headers.get("content-type", "").split(";")[0].strip()[:60]
         return {"loc": ["body"], "msg": f"the body was sent as {kind!r}; send it as application/json",
                 "type": "content_type"}
+    if tuple(error.get("loc", ()))[:1] == ("header",):  # an Idempotency-Key is never quoted (docs/api.md)
+        return {k: v for k, v in error.items() if k not in ("input", "ctx")}
     return {**error, "input": _echo(error["input"])} if "input" in error else error
 
 

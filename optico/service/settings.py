@@ -33,7 +33,8 @@ class ServiceSettings(BaseSettings):
     max_event_streams: int = Field(100, ge=1, le=10_000, description="Event streams (API and dashboard) open at "
                                    "once; more get 503 with Retry-After (each polls the pool).")
     head_timeout_s: float = Field(15.0, gt=0, le=600, description="A connection that has not sent a whole "
-                                  "request head this long after opening (or after its last response) is closed.")
+                                  "request head this long after opening (or after its last response), or the "
+                                  "body its head announced this long after the head, is closed.")
     allow_commands: bool = Field(False, description="Accept specs whose launcher runs the submitter's own "
                                                     "command (`program: {kind: megatron-lm, command: [...]}`). "
                                                     "Off by default: a write token could then run any command "

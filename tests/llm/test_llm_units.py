@@ -256,6 +256,29 @@ def test_a_key_glued_to_other_text_or_a_password_in_a_rewritten_url_is_masked():
         assert redact(ordinary) == ordinary
 
 
+def test_credentials_of_other_shapes_are_masked_and_ordinary_text_is_not():
+    """A URL password with no user or holding an @, an Authorization header of any scheme, `Bearer:`,
+    `access_token=`, a JSON Web Token, a Stripe key; and the password of a database URL without a user
+    is a known secret."""
+    from optico.redact import environment_secrets, redact
+
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+    for text, shown in (("redis://:hunter2pass@r:6379/0", "redis://***@r:6379/0"),
+                        ("https://user:pa@ss@ex.com/x", "https://***@ex.com/x"),
+                        ("Authorization: Basic dXNlcjpodW50ZXIycGFzcw==", "Authorization: Basic ***"),
+                        ("'authorization': 'Token abcdef0123456789'", "'authorization': 'Token ***'"),
+                        ("Bearer: abcdefgh12345678", "Bearer: ***"),
+                        ("?access_token=abcdefgh12345&x=1", "?access_token=***&x=1"),
+                        (f"jwt {jwt} here", "jwt *** here"),
+                        ("sk_live_" + "a1" * 12, "***")):
+        assert redact(text) == shown, text
+    for ordinary in ("a basic configuration", "max_tokens=4096", "the token is unknown or revoked",
+                     "git@github.com:org/repo.git", "ssh://git@host:22/x", "see http://host:8080/path@v2",
+                     "tokens_per_s_per_gpu: 12345678", "authorization header missing"):
+        assert redact(ordinary) == ordinary
+    assert environment_secrets({"OPTICO_DATABASE_URL": "postgresql://:pw1234@db/x"}) == {"pw1234"}
+
+
 def test_secret_names_and_signed_urls():
     from optico.redact import is_secret_name, redact
 

@@ -244,9 +244,9 @@ def trial_page(request: Request, job_id: JobIdPath, index: TrialIndexPath, store
 
 @router.get("/compare", response_class=HTMLResponse)
 def compare_page(request: Request, store: StoreDep, who: Viewer,
-                 job: Annotated[list[int], Query(max_length=20)] = [],  # noqa: B006 - FastAPI's list query
+                 job: Annotated[list[Annotated[int, DIGITS]], Query(max_length=20)] = [],  # noqa: B006 - FastAPI's list query
                  jobs: Annotated[str, Query(max_length=200, description="Comma-separated ids.")] = "",
-                 parallel: int | None = None) -> Response:
+                 parallel: Annotated[int | None, DIGITS] = None) -> Response:
     # ASCII digits only: '²' is a digit to str.isdigit but not to int().
     ids = [*job, *(int(x) for x in jobs.replace(" ", "").split(",") if re.fullmatch(r"[0-9]{1,10}", x))][:20]
     chosen = [store.get_job(i) for i in dict.fromkeys(ids) if _exists(store, i)]
@@ -277,7 +277,7 @@ def workload_page(request: Request, key: str, store: StoreDep, who: Viewer) -> R
     latest, total = store.search_jobs(workload_key=key, sort="created_at", descending=True, limit=HISTORY_JOBS)
     jobs = latest[::-1]
     if not jobs:
-        raise HTTPException(404, detail=f"no jobs on workload {key}")
+        raise HTTPException(404, detail=f"no jobs on workload {key[:100]}")
     stats = store.job_stats([j.id for j in jobs])
     points = []
     for j in jobs:
