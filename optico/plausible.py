@@ -23,25 +23,41 @@ MEMORY_TOLERANCE = 0.02
 def measurement_problem(workload: Workload, *, mfu: float | None = None, mem_max_gib: float | None = None,
                         **positive: float | None) -> str | None:
     """Why these numbers cannot have been measured on `workload`'s GPU, or None. `positive`: rates
-    and times that must be finite and above zero (step_time_s=..., tflops_per_gpu=...)."""
-    for name, value in {**positive, "mfu": mfu}.items():
+    and times that must be finite and above zero (step_time_s=..., tflops_per_gpu=...); `mfu_column`
+    is the MFU a table states (beside the one its time gives, `mfu`)."""
+    for name, value in positive.items():
         if value is not None and (not math.isfinite(value) or value <= 0):
-            return f"{name} {value:g} is not a positive number"
+            return f"{_COLUMN.get(name, name)} {value:g} is not a positive number"
     gpu = workload.cluster.spec
-    # The MFU the row's time gives, and the MFU and TFLOP/s it states: none may pass the peak.
+    # The MFU the row's time gives, and the MFU and TFLOP/s it states: none may pass the peak, nor sit
+    # below a millionth of it (1e-320 passed as positive, then its step time overflowed the job's JSON).
     stated_tflops = positive.get("tflops_per_gpu")
     for what, share in (("measured MFU", mfu), ("stated MFU", positive.get("mfu_column")),
                         ("stated throughput", stated_tflops / workload.peak_tflops if stated_tflops else None)):
-        if share is not None and share > 1.0:
-            shown = f"{share:.1%}" if share < 1e6 else f"{share:.3g}x the peak"
+        if share is None:
+            continue
+        if math.isnan(share) or share <= 0:
+            return f"a {what} of {share:g} is not a positive number"
+        if share > 1.0:
+            shown = f"{share:.1%}" if share < 1e6 else f"{share:.3g} times the peak"
             return (f"a {what} of {shown} is impossible: more than the {gpu.name}'s peak of "
                     f"{workload.peak_tflops:g} TFLOP/s ({workload.precision})")
+        if share < MIN_SHARE_OF_PEAK:
+            return (f"a {what} of {share:.3g} of the {gpu.name}'s peak is no training run: below "
+                    f"{MIN_SHARE_OF_PEAK:g} of it")
     if mem_max_gib is not None:
-        if not math.isfinite(mem_max_gib) or mem_max_gib < 0:
+        if not math.isfinite(mem_max_gib) or mem_max_gib <= 0:
             return f"mem_max_gib {mem_max_gib:g} is not a measurement"
         if mem_max_gib > gpu.memory_gib * (1 + MEMORY_TOLERANCE):
             return f"a peak memory of {mem_max_gib:g} GiB is impossible on the {gpu.name} ({gpu.memory_gib:g} GiB)"
     return None
+
+
+# The smallest share of the GPU's peak a measured run may show: the smallest models in Megatron-LM's CI
+# tables run at a few tenths of a percent; a millionth is a typo or an underflow, not a measurement.
+MIN_SHARE_OF_PEAK = 1e-6
+# Names the caller passes under another name than the table's column.
+_COLUMN = {"mfu_column": "mfu"}
 
 
 def checked_result(result: LaunchResult, workload: Workload) -> LaunchResult:

@@ -117,7 +117,7 @@ def parse_recompute(cell: str | None) -> Any:
         return UNKNOWN
     value = text.lower()
     if _OFFLOAD.search(value):
-        layers = re.search(r"(\d+)", value)
+        layers = re.search(r"([0-9]+)", value)
         return "offload", None, int(layers.group(1)) if layers else None
     if value in _RECOMPUTE_NONE:
         return None, None, None
@@ -125,7 +125,7 @@ def parse_recompute(cell: str | None) -> Any:
         return "selective", None, None
     if _RECOMPUTE_FULL.match(value):
         method = re.search(r"(uniform|block)", value)
-        layers = re.search(r"(?:num_layers\s*=\s*|layers?\s*[=:]?\s*|(?:uniform|block)\s*[,=:]?\s*)(\d+)", value)
+        layers = re.search(r"(?:num_layers\s*=\s*|layers?\s*[=:]?\s*|(?:uniform|block)\s*[,=:]?\s*)([0-9]+)", value)
         return "full", method.group(1) if method else "uniform", int(layers.group(1)) if layers else 1
     raise CellError(f"{text!r} is not none/selective/full")
 
@@ -159,10 +159,12 @@ def parse_precision(cell: str | None) -> Any:
     raise CellError(f"{text!r} is not modelled (we model bf16, fp16, fp8)")
 
 
-_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+# ASCII digits only, as the spec reader takes them: '٢' and '２' are digits to `\d` and float() alike.
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?", re.ASCII)
+_INFINITE = re.compile(r"[-+]?(?:inf|infinity|∞)")
 # Digits with commas between them: thousands separators ('1,234.5') or a decimal comma ('38,4').
-_DIGIT_COMMAS = re.compile(r"\d+(?:,\d+)+(?:\.\d*)?")
-_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d*)?")
+_DIGIT_COMMAS = re.compile(r"\d+(?:,\d+)+(?:\.\d*)?", re.ASCII)
+_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d*)?", re.ASCII)
 
 
 def _comma_read(found: re.Match) -> str:
@@ -186,6 +188,8 @@ def parse_number(cell: str | None, unit: str = "", header_unit: str = "") -> Any
     if is_unknown(text):
         return UNKNOWN
     cleaned = _DIGIT_COMMAS.sub(_comma_read, text).replace(",", " ").replace("≈", "").replace("~", "").strip().lower()
+    if _INFINITE.fullmatch(cleaned):
+        raise NotFinite(f"{text[:40]!r} is not a finite number")
     found = _NUMBER.search(cleaned)
     if not found:
         raise CellError(f"{text!r} is not a number")

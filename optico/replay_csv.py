@@ -71,6 +71,7 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -88,6 +89,7 @@ from optico.parallel import ParallelDims
 from optico.replay_cells import (
     UNKNOWN,
     CellError,
+    NotFinite,
     WrongNumber,
     canonical_header,
     header_unit,
@@ -439,6 +441,8 @@ class _Parse:
         given = self.units.get(name, "")
         try:
             value = parse_number(self.cells.get(name), unit, given)
+        except NotFinite:  # '1e999', 'inf': a measurement no run had, refused as impossible, not unknown
+            return math.inf
         except CellError as err:
             self.inferred.append(f"{name} {err} (read as unknown)")
             return None

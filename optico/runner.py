@@ -13,6 +13,7 @@ the pool's status, never from the checkpoint, so a resume always completes the j
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import socket
 import threading
@@ -56,9 +57,31 @@ class LeasePolicy:
 
     @classmethod
     def from_env(cls) -> LeasePolicy:
-        lease = float(os.environ.get("OPTICO_LEASE_S", "60"))
-        renew = os.environ.get("OPTICO_LEASE_RENEW_S")
-        return cls(lease_s=lease, renew_s=float(renew) if renew else None)
+        """OPTICO_LEASE_S and OPTICO_LEASE_RENEW_S, held to the service settings' bounds; ValueError
+        naming the variable and the reason."""
+        lease = _seconds_from_env("OPTICO_LEASE_S", 60.0, above=LEASE_BOUNDS_S[0], at_most=LEASE_BOUNDS_S[1])
+        renew = _seconds_from_env("OPTICO_LEASE_RENEW_S", None, above=0.0, at_most=LEASE_BOUNDS_S[1])
+        if renew is not None and renew >= lease:
+            raise ValueError(f"OPTICO_LEASE_RENEW_S: must be shorter than OPTICO_LEASE_S ({lease:g} s)")
+        return cls(lease_s=lease, renew_s=renew)
+
+
+# A lease is over 1 s (a heartbeat must fit in it) and at most a day (ServiceSettings.lease_s).
+LEASE_BOUNDS_S = (1.0, 86_400.0)
+
+
+def _seconds_from_env(name: str, default: float | None, *, above: float, at_most: float) -> float | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (above < value <= at_most):  # NaN fails every comparison
+        raise ValueError(f"{name}: must be a number of seconds above {above:g} and at most {at_most:g}, "
+                         f"got {raw[:40]!r}")
+    return value
 
 
 def new_worker_id(role: str = "worker") -> str:

@@ -553,7 +553,8 @@ def test_hostile_magnitudes_are_skipped_rows_not_a_crash_or_a_memory_blow_up(tmp
     assert not huge.read and "num_layers" in huge.skip_reason
     digits = one(tmp_path, num_layers="9" * 500)
     assert not digits.read or digits.workload.model.num_layers <= 1024
-    assert one(tmp_path, tflops_per_gpu="1e999").tflops_per_gpu is None
+    infinite = one(tmp_path, tflops_per_gpu="1e999")  # no measurement: the row is left out, not read without it
+    assert not infinite.usable and infinite.skip_reason == f"{IMPOSSIBLE}: tflops_per_gpu inf is not a positive number"
 
 
 def test_files_the_reader_cannot_take_are_one_replay_error(tmp_path: Path):
@@ -744,6 +745,10 @@ def test_gpu_sweep_kills_a_timed_out_run_with_its_workers(tmp_path: Path) -> Non
     dict(mem_max_gib="-1"), dict(mem_max_gib="500"),  # on an 80 GB H100
     dict(mfu="1.5"), dict(tflops_per_gpu="2000"),  # stated beside a step time that is possible
     dict(step_time_s="0.5"),  # the MFU the step time gives: far past the peak
+    # Too large to be finite, or too small to be a run: 1e-320 passed as positive, then its step time
+    # overflowed the trial's JSON and failed the job after it was created.
+    dict(mfu="1e999"), dict(mfu="inf"), dict(mem_max_gib="-Infinity"), dict(step_time_s="1e999"),
+    dict(mfu="1e-320"), dict(tflops_per_gpu="1e-320"), dict(step_time_s="1e300"), dict(mem_max_gib="0"),
 ])
 def test_an_impossible_measurement_is_a_skipped_row_naming_why(tmp_path: Path, cells: dict[str, str]) -> None:
     row = one(tmp_path, **cells)
@@ -835,6 +840,14 @@ def test_a_written_row_keeps_a_cpu_runs_small_figures(tmp_path: Path) -> None:
     assert row.usable, row.skip_reason
     assert row.tflops_per_gpu == pytest.approx(0.0461234) and row.mfu == pytest.approx(0.0000466)
     assert row.step_time_s == pytest.approx(123.457) and row.mem_max_gib == pytest.approx(0.000712)
+
+
+def test_only_ascii_digits_are_a_number_as_in_a_spec() -> None:
+    """'٢' and '２' are digits to `\\d` and float(); the spec reader refuses them, and so does a table."""
+    for cell in ("٢", "０.６７", "١٢ ms"):
+        with pytest.raises(CellError, match="is not a number"):
+            parse_number(cell)
+    assert parse_number("12 ms", "s") == pytest.approx(0.012)
 
 
 def test_a_decimal_comma_is_read_as_one_and_a_comma_naming_no_number_is_refused(tmp_path: Path) -> None:

@@ -162,9 +162,14 @@ def schedule_run_now(
     from optico.pool.lifecycle import LifecycleError
     from optico.retune.fire import run_now
     from optico.retune.tick import outcome_json
+    from optico.runner import LeasePolicy
 
     if json_out is not None:
         check_output_path(json_out, "--json")
+    try:  # before the tick: a retune job left queued by a bad variable would be a worker's to run
+        policy = LeasePolicy.from_env()
+    except ValueError as exc:
+        fail(str(exc))
     store, url = open_store(database, absent=f"schedule: no schedule named {name!r}")
     with store:
         try:
@@ -173,7 +178,7 @@ def schedule_run_now(
             fail(f"schedule: no schedule named {name!r}")
         err.print(f"ticking {name!r} …", highlight=False)
         try:
-            tick = run_now(store, name, database_url=url)
+            tick = run_now(store, name, database_url=url, policy=policy)
         except LifecycleError as exc:
             fail(str(exc))
         result = outcome_json(name, tick)

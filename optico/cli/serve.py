@@ -6,6 +6,7 @@ import ipaddress
 import logging
 import re
 import signal
+import socket
 import threading
 from types import FrameType
 from typing import Optional
@@ -26,6 +27,32 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _address(host: str, port: int) -> tuple[int, tuple]:
+    """(address family, socket address) to listen on, or one line naming --host: a name that does not
+    resolve, or control characters, fails here, before a pool is opened or a worker started."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError, ValueError) as exc:
+        fail(f"--host: {host[:80]!r} is not an address this machine can listen on "
+             f"({getattr(exc, 'strerror', None) or exc})")
+    family, _, _, _, address = infos[0]
+    return family, address
+
+
+def _listen(host: str, port: int, family: int, address: tuple) -> socket.socket:
+    """The bound socket uvicorn serves on. Bound here, before the app starts: uvicorn binds only after
+    its startup, so a port in use failed once the workers had claimed a job (left interrupted)."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        fail(f"--port: cannot listen on {host}:{port} ({exc.strerror or exc})")
+    sock.set_inheritable(True)
+    return sock
 
 
 def _settings(database: str | None):
@@ -67,6 +94,7 @@ def serve(
     if log_level.lower() not in LOG_LEVELS:
         fail(SpecError("--log-level", f"{log_level!r} is not one of {', '.join(LOG_LEVELS)}"))
     log_level = log_level.lower()
+    family, address = _address(host, port)
     settings = _settings(database)
     count = 0 if no_worker else (settings.workers if workers is None else workers)
     no_token = (f"--host {host}: no API token exists, so nobody could use the API; create one first with "
@@ -80,13 +108,14 @@ def serve(
         store.close()
     if not _loopback(host) and no_tokens:
         fail(no_token)
+    listening = _listen(host, port, family, address)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     console.print(f"optico serve on http://{host}:{port} — {count} worker(s), pool {redact(store.url)}",
-                  highlight=False)
+                  highlight=False, markup=False)
     config = uvicorn.Config(create_app(settings, workers=count), host=host, port=port, log_level=log_level,
                             proxy_headers=False, server_header=False, http=with_head_timeout(settings.head_timeout_s))
     server = _server_class()(config)
-    server.run()
+    server.run(sockets=[listening])
     if not server.started:
         raise typer.Exit(3)  # uvicorn.run's startup failure (a port in use): it logged why
 

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from optico.cli.common import DatabaseOption, console, err, fail, open_store
 from optico.pool.store import token_name_problem
@@ -30,7 +31,8 @@ def token_create(name: str = typer.Argument(..., help="A name to tell the token 
             record, token = store.create_token(name, scope)
         except ValueError as exc:
             fail(str(exc))
-    err.print(f"token {record.name!r} ({record.scope}); shown once, store it now:", highlight=False)
+    # Not markup: a name like 'a[/]' is text (read as markup, it raised after the token was stored).
+    err.print(f"token {record.name!r} ({record.scope}); shown once, store it now:", highlight=False, markup=False)
     print(token)
 
 
@@ -47,7 +49,7 @@ def token_list(database: Optional[str] = DatabaseOption) -> None:
             table.add_column(header)
         for t in store.tokens():
             when = lambda d: d.strftime("%Y-%m-%d %H:%M") if d else "-"  # noqa: E731
-            table.add_row(t.name, t.scope, t.prefix + "…", when(t.created_at), when(t.last_used_at),
+            table.add_row(Text(t.name), t.scope, t.prefix + "…", when(t.created_at), when(t.last_used_at),
                           when(t.revoked_at))
         console.print(table)
 
@@ -61,4 +63,4 @@ def token_revoke(name: str, database: Optional[str] = DatabaseOption) -> None:
             record = store.revoke_token(name)
         except KeyError:
             fail(f"token: no token named {name!r}")
-    console.print(f"token {record.name!r} revoked", highlight=False)
+    console.print(f"token {record.name!r} revoked", highlight=False, markup=False)

@@ -231,7 +231,12 @@ def tune(
     # Imported after every input is checked: a bad input fails fast, without loading LangGraph.
     from optico.pool.lifecycle import IllegalTransition, JobStatus, LeaseHeld
     from optico.report import job_result
-    from optico.runner import run_job
+    from optico.runner import LeasePolicy, run_job
+
+    try:  # before the job is created: a job left queued by a bad variable would be a worker's to run
+        policy = LeasePolicy.from_env()
+    except ValueError as exc:
+        fail(str(exc))
 
     store, url = open_store(database, job=resume, job_option="--resume")
     try:
@@ -275,9 +280,9 @@ def tune(
                 with sigterm_as_interrupt():
                     if view.live:
                         with Live(view.progress, console=console, refresh_per_second=4):
-                            run_job(store, url, job_id, on_event=on_event)
+                            run_job(store, url, job_id, on_event=on_event, policy=policy)
                     else:
-                        run_job(store, url, job_id, on_event=on_event)
+                        run_job(store, url, job_id, on_event=on_event, policy=policy)
         except (LeaseHeld, IllegalTransition) as exc:
             fail(str(exc))
         except KeyboardInterrupt as exc:

@@ -108,6 +108,9 @@ ARGS = [
     ("serve with a dead database", lambda s, t: ["serve", "--database", "postgresql://u:hunter2@127.0.0.1:1/x"],
      "--database"),
     ("serve --log-level unknown", lambda s, t: ["serve", "--log-level", "bogus"], "--log-level"),
+    # Resolved before a pool is opened or a worker started (uvicorn found out after its workers ran).
+    ("serve --host with control characters", lambda s, t: ["serve", "--host", "\x1b[31m"], "--host"),
+    ("serve --host that does not resolve", lambda s, t: ["serve", "--host", "no-such-host.invalid"], "--host"),
     ("worker with a dead database", lambda s, t: ["worker", "--database", "postgresql://u:hunter2@127.0.0.1:1/x"],
      "--database"),
     ("jobs list --limit 0", lambda s, t: ["jobs", "list", "--limit", "0"], "--limit"),
@@ -188,6 +191,37 @@ def test_environment_variables_are_inputs_too(spec: str, tmp_path: Path, pool_en
     monkeypatch.delenv("OPTICO_DATABASE_URL")
     monkeypatch.setenv("OPTICO_HOME", "/etc/hostname/optico")  # a data dir that cannot be created
     assert_refused(run_in_process(["jobs", "list"]), pool_env, "OPTICO_HOME")
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("OPTICO_LEASE_S", "abc"), ("OPTICO_LEASE_S", "nan"), ("OPTICO_LEASE_S", "1e999"), ("OPTICO_LEASE_S", "0"),
+    ("OPTICO_LEASE_S", "-5"), ("OPTICO_LEASE_RENEW_S", "abc"), ("OPTICO_LEASE_RENEW_S", "0"),
+    ("OPTICO_LEASE_RENEW_S", "120"),  # longer than the lease
+])
+def test_a_lease_setting_out_of_bounds_is_refused_before_the_job_is_created(
+        variable: str, value: str, spec: str, pool_env: Path, monkeypatch: pytest.MonkeyPatch):
+    """A traceback after the job row was written left the job queued, for a worker to run later."""
+    monkeypatch.setenv(variable, value)
+    assert_refused(run_in_process(["tune", spec]), pool_env, variable)
+
+
+def test_serve_on_a_port_in_use_is_refused_before_any_worker_starts(spec: str, pool_env: Path):
+    """uvicorn binds after its startup: a port in use was found once the workers had claimed the
+    queued job, which was left interrupted."""
+    import socket
+
+    from optico.pool.store import SqlStore
+    from optico.spec import load_spec
+
+    with SqlStore(f"sqlite:///{pool_env}") as store:
+        job = store.create_job(load_spec(spec))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        outcome = run_in_process(["serve", "--port", str(taken.getsockname()[1])])
+    assert outcome.code == 2 and outcome.stderr.startswith("error: --port: cannot listen on 127.0.0.1:"), outcome.stderr
+    with SqlStore(f"sqlite:///{pool_env}") as store:
+        assert store.get_job(job).status.value == "queued"
 
 
 def test_a_hostile_url_in_a_hard_memory_limit(spec: str, tmp_path: Path, pool_env: Path):

@@ -52,6 +52,18 @@ def test_create_list_revoke(home, monkeypatch: pytest.MonkeyPatch):
     assert unknown.code == 2 and unknown.stderr.startswith("error: token: no token named 'nobody'")
 
 
+def test_a_name_that_reads_as_markup_is_printed_as_written(home):
+    """'a[/]' raised in rich's markup after the token was stored (a live token nobody was shown);
+    '[bold]x[/]' was shown as 'x'."""
+    for name in ("a[/]", "[bold]x[/]"):
+        created = run_in_process(["token", "create", name, "--scope", "read"])
+        assert created.code == 0 and created.stdout.startswith("optico_r_"), created.stderr
+        assert f"token {name!r} (read)" in created.stderr
+        assert name in run_in_process(["token", "list"]).stdout
+        revoked = run_in_process(["token", "revoke", name])
+        assert revoked.code == 0 and f"token {name!r} revoked" in revoked.stdout
+
+
 @pytest.mark.parametrize("argv, says", [
     (["token", "create", "", "--scope", "read"], "error: name: 1 to 128 printable characters"),
     # A key pasted as the name was printed, stored and listed in full.
