@@ -53,8 +53,8 @@ def measurement_problem(workload: Workload, *, mfu: float | None = None, mem_max
     return None
 
 
-# The smallest share of the GPU's peak a measured run may show: the smallest models in Megatron-LM's CI
-# tables run at a few tenths of a percent; a millionth is a typo or an underflow, not a measurement.
+# The smallest share of the GPU's peak a measured run may show: the lowest in the real tables is ~2e-4
+# (small models in Megatron-LM's CI); a millionth is a typo or an underflow, not a measurement.
 MIN_SHARE_OF_PEAK = 1e-6
 # Names the caller passes under another name than the table's column.
 _COLUMN = {"mfu_column": "mfu"}

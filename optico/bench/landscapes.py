@@ -37,6 +37,8 @@ from optico.replay_csv import ReplayRow, matches, matching_preset, measured_mfu
 from optico.search_space import SearchSpace, default_domain
 from optico.spec import Budget, JobSpec, LauncherSpec, ReasonerSpec
 from optico.strategy import Strategy
+from optico.plausible import MIN_SHARE_OF_PEAK
+from optico.redact import redact
 from optico.textsafe import terminal_text
 from optico.trial import FailureCategory, LaunchResult
 from optico.workload import PRESETS, Cluster, ModelArch, Workload
@@ -49,8 +51,9 @@ HANG_RATE = 0.02  # the simulator's default: NCCL watchdog timeouts and silent h
 # A simulated landscape where fewer configurations than this share fit in memory is skipped.
 MIN_FITTING_SHARE = 0.01
 # A replayed MFU below this is no training run's (a denormal, a unit slip; the lowest in the real
-# tables is ~2e-4): the row is not a measurement and the landscape leaves it out.
-MIN_PLAUSIBLE_MFU = 1e-6
+# tables is ~2e-4): the row is not a measurement and the landscape leaves it out. The reader refuses
+# such rows already; the landscape also guards rows it derives.
+MIN_PLAUSIBLE_MFU = MIN_SHARE_OF_PEAK
 
 
 class LandscapeSkipped(Exception):
@@ -694,9 +697,9 @@ def replay_defs(path: str | Path, min_configs: int = MIN_REPLAY_CONFIGS,
             continue
         cluster = f"{w.cluster.gpu.split('-')[0]}-{w.world_size}"
         # The name goes to the terminal, the report and the JSON: controls in the file's name or the
-        # model's (a CSV cell) shown escaped, on one line.
-        name = terminal_text(f"replay:{path.stem[:200]}:{w.model.name[:200]}-{cluster}-gbs{w.global_batch_size}",
-                             one_line=True, max_chars=500)
+        # model's (a CSV cell) shown escaped, on one line, and a key pasted into either masked.
+        name = terminal_text(redact(f"replay:{path.stem[:200]}:{w.model.name[:200]}-{cluster}-"
+                                    f"gbs{w.global_batch_size}"), one_line=True, max_chars=500)
         if any(d.name == name for d in out):
             name += f"-line{row.line}"
         out.append(ReplayDef(name=name, path=str(path), workload=w, calibration=calibration))

@@ -72,7 +72,7 @@ def schedule_add(
         webhook = check_webhook_url(webhook) if webhook else None
     except ValueError as exc:
         fail(f"--webhook: {str(exc).removeprefix('webhook_url: ')}")
-    if not spec_path.is_file():
+    if not spec_path.exists():  # a directory or a FIFO is not "no such file": the loader says what it is
         fail(f"--spec: no such spec file: {spec_path}")
     try:
         spec = load_spec(spec_path)

@@ -262,6 +262,12 @@ def test_a_file_name_with_escapes_gives_an_escaped_landscape_name(tmp_path: Path
     assert defs[0].name.startswith("replay:t\\x1b[31m\\nx:")
 
 
+def test_a_key_in_a_file_name_is_masked_in_the_landscape_name(tmp_path: Path):
+    key = "sk-proj-" + "A1b2" * 9
+    defs = replay_defs(write_table(tmp_path / f"{key}.csv"))
+    assert defs and all(key not in d.name and d.name.startswith("replay:***:") for d in defs)
+
+
 def test_a_model_name_with_a_newline_and_a_pipe_stays_one_table_cell(tmp_path: Path):
     # A model that is no preset keeps the CSV's name (the packaged table's Llama3-8B would become the preset's).
     with (REPO / "benchmarks" / "data" / "h100-qwen2.5-1.5b.csv").open(newline="") as handle:
