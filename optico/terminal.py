@@ -1,4 +1,5 @@
-"""The one-line error of every command, and the check that an output path can be written.
+"""The one-line error of every command, the check that an output path can be written, and the reading
+of a count typed on the command line.
 
 Shared by `optico.cli` and `optico.bench.cli` (which `optico.cli` registers, so it cannot import
 `optico.cli` back): bad input from the command line ends in one line on stderr,
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn, TextIO
@@ -101,3 +102,22 @@ def output_file(path: Path, option: str) -> Iterator[TextIO]:
         if isinstance(exc, OSError):
             fail(SpecError(option, f"cannot write {path}: {exc.strerror or exc}"))
         raise
+
+
+# The bound of a count whose range the command checks itself (with its own message): digits only here.
+ANY_COUNT = 10**18
+
+
+def whole_number(low: int, high: int) -> Callable[[str | int], int]:
+    """A parser for a count option (`typer.Option(..., parser=whole_number(1, 10_000))`): plain decimal
+    digits from `low` to `high`, as ids and specs take them; int() would read '1_0' as 10 and take
+    '+2', ' 2' and, through typer, '2.0'."""
+    def parse(value: str | int) -> int:
+        if isinstance(value, int):  # a default, never typed
+            return value
+        if not (value.isascii() and value.isdigit()):
+            raise typer.BadParameter(f"{value[:40]!r} is not a whole number: give plain digits, e.g. {max(low, 1)}")
+        if len(value) > len(str(high)) or not low <= int(value) <= high:
+            raise typer.BadParameter(f"must be {low:,} to {high:,}, got {value[:40]}")
+        return int(value)
+    return parse

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from optico.bench.suite import DEFAULT_TUNERS
 from optico.errors import SpecError, first_line
-from optico.terminal import check_output_path, err, fail
+from optico.terminal import ANY_COUNT, check_output_path, err, fail, whole_number
 from optico.textsafe import markup, terminal_text
 
 console = Console(emoji=False)  # ":x:" in a file name is text, not an emoji
@@ -29,13 +29,13 @@ def bench(
                                                                 "(so a shell glob works)."),
     tuners: str = typer.Option(",".join(DEFAULT_TUNERS), "--tuners",
                                help="Comma-separated tuners (expert is added where a landscape has one)."),
-    budget: int = typer.Option(20, "--budget", help="Launches per tuner, landscape and seed."),
-    seeds: int = typer.Option(20, "--seeds", help="Seeds 0..N-1 per tuner and landscape (run noise, hangs)."),
+    budget: int = typer.Option(20, "--budget", parser=whole_number(0, ANY_COUNT), help="Launches per tuner, landscape and seed."),
+    seeds: int = typer.Option(20, "--seeds", parser=whole_number(0, ANY_COUNT), help="Seeds 0..N-1 per tuner and landscape (run noise, hangs)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the figures as JSON here."),
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write the convergence plot (PNG) here."),
     markdown_path: Optional[Path] = typer.Option(None, "--markdown", help="Write the Markdown report here."),
     trials_path: Optional[Path] = typer.Option(None, "--trials", help="Write every trial of every run (JSON)."),
-    jobs: int = typer.Option(2, "--jobs", help="Worker processes (landscapes run in parallel)."),
+    jobs: int = typer.Option(2, "--jobs", parser=whole_number(0, ANY_COUNT), help="Worker processes (landscapes run in parallel)."),
     only: Optional[list[str]] = typer.Option(None, "--only", help="Keep landscapes whose name contains this "
                                                                   "(repeatable)."),
     reasoner: str = typer.Option("rules", "--reasoner", help="OptiCo's reasoners: rules, model-guided or llm-led."),

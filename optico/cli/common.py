@@ -17,7 +17,7 @@ from rich.console import Console
 from optico.errors import SpecError
 from optico.pool.models import SQL_INT_MAX
 # Every command imports these from here.
-from optico.terminal import check_output_path, err, fail, output_file  # noqa: F401
+from optico.terminal import ANY_COUNT, check_output_path, err, fail, output_file, whole_number  # noqa: F401
 from optico.textsafe import markup
 
 console = Console(emoji=False)  # ":x:" in a file name is text, not an emoji
@@ -73,6 +73,8 @@ def parse_id(value: str | int) -> int:
     if len(value) > len(str(MAX_ID)) or not 1 <= int(value) <= MAX_ID:
         raise typer.BadParameter(f"{value} is not a valid id (1 to {MAX_ID})")
     return int(value)
+
+
 
 
 # Every id on the command line is parsed by `parse_id`: these, or an option with `parser=parse_id`.

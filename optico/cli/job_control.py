@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.text import Text
 
-from optico.cli.common import DatabaseOption, JobIdArgument, console, fail, open_store
+from optico.cli.common import ANY_COUNT, whole_number, DatabaseOption, JobIdArgument, console, fail, open_store
 from optico.cli.jobs import jobs_app
 from optico.errors import SpecError
 from optico.redact import redact
@@ -79,7 +79,8 @@ def jobs_resume(job_id: int = JobIdArgument, database: Optional[str] = DatabaseO
 
 @jobs_app.command("budget")
 def jobs_budget(job_id: int = JobIdArgument,
-                max_trials: Optional[int] = typer.Option(None, "--max-trials", help="New trial budget."),
+                max_trials: Optional[int] = typer.Option(None, "--max-trials", parser=whole_number(0, ANY_COUNT),
+                                                         help="New trial budget."),
                 gpu_hours: Optional[float] = typer.Option(None, "--gpu-hours", help="New GPU-hour budget."),
                 database: Optional[str] = DatabaseOption) -> None:
     """Raise or lower a job's budget, also while it runs."""

@@ -12,7 +12,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from optico.cli.common import (DatabaseOption, JobIdArgument, check_output_path, console, fail, open_store,
+from optico.cli.common import (whole_number, DatabaseOption, JobIdArgument, check_output_path, console, fail, open_store,
                                output_file, parse_id, shown_url)
 from optico.cli.views import resume_hint, status_label, summary, trial_block, worker_gone
 from optico.textsafe import rich_text, terminal_text
@@ -51,7 +51,7 @@ def _text_widths(rows: list[tuple]) -> tuple[int | None, int | None]:
 
 @jobs_app.command("list")
 def jobs_list(database: Optional[str] = DatabaseOption,
-              limit: int = typer.Option(20, "--limit", min=1, max=MAX_LIST, metavar="N", help="How many."),
+              limit: int = typer.Option(20, "--limit", parser=whole_number(1, MAX_LIST), metavar="N", help="How many."),
               wide: bool = typer.Option(False, "--wide", help="Full names and stop reasons (rows may wrap).")) -> None:
     """Jobs in the pool, newest first: one row each (--wide: everything, wrapped)."""
     store, _ = open_store(database, empty="no jobs")

@@ -13,7 +13,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from optico.cli.common import DatabaseOption, check_output_path, console, err, fail, open_store, output_file
+from optico.cli.common import ANY_COUNT, whole_number, DatabaseOption, check_output_path, console, err, fail, open_store, output_file
 from optico.redact import credential_shaped
 from optico.textsafe import markup, rich_text
 
@@ -45,7 +45,7 @@ def schedule_add(
     spec_path: Path = typer.Option(..., "--spec", metavar="FILE", help="The job spec (YAML) to keep tuned."),
     cron: Optional[str] = typer.Option(None, "--cron", metavar="EXPR",
                                        help="When it ticks: five cron fields in UTC (default '0 2 * * *', nightly)."),
-    max_trials: Optional[int] = typer.Option(None, "--max-trials", metavar="N",
+    max_trials: Optional[int] = typer.Option(None, "--max-trials", metavar="N", parser=whole_number(0, ANY_COUNT),
                                              help="A retune's trial budget (default: the spec's budget.max_trials)."),
     always_retune: bool = typer.Option(False, "--always-retune",
                                        help="Retune after every framework change, even within the noise band."),
@@ -106,7 +106,7 @@ def schedule_list(database: Optional[str] = DatabaseOption) -> None:
 
 
 @schedule_app.command("show")
-def schedule_show(name: str, history: int = typer.Option(20, "--history", min=0, max=1000, help="Ticks to show."),
+def schedule_show(name: str, history: int = typer.Option(20, "--history", parser=whole_number(0, 1000), help="Ticks to show."),
                   database: Optional[str] = DatabaseOption) -> None:
     """A schedule's incumbent and its history of ticks."""
     from optico.fingerprint import describe

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from optico.cli.common import DatabaseOption, console, err, fail, open_store
+from optico.cli.common import whole_number, DatabaseOption, console, err, fail, open_store
 from optico.errors import SpecError
 
 # uvicorn's levels (trace is its own, below debug).
@@ -77,8 +77,8 @@ def _settings(database: str | None):
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (a non-loopback one needs at least "
                                                          "one API token to exist)."),
-    port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
-    workers: Optional[int] = typer.Option(None, "--workers", min=0, max=64,
+    port: int = typer.Option(8000, "--port", parser=whole_number(1, 65535), help="Port to listen on."),
+    workers: Optional[int] = typer.Option(None, "--workers", parser=whole_number(0, 64),
                                           help="Embedded job workers (default OPTICO_WORKERS, else 1)."),
     no_worker: bool = typer.Option(False, "--no-worker", help="Serve the API only; `optico worker` runs jobs."),
     database: Optional[str] = DatabaseOption,
@@ -140,7 +140,7 @@ def _server_class() -> type:
 
 
 def worker(
-    workers: int = typer.Option(1, "--workers", min=1, max=64, help="Worker threads (one job each)."),
+    workers: int = typer.Option(1, "--workers", parser=whole_number(1, 64), help="Worker threads (one job each)."),
     database: Optional[str] = DatabaseOption,
 ) -> None:
     """Run job workers without the API: claim queued jobs and run them under a lease until stopped."""
