@@ -63,6 +63,10 @@ _SHAPES = [
     re.compile(r"\bAIza[A-Za-z0-9_\-]{35}"),
     re.compile(r"\b(?:glpat-[A-Za-z0-9_\-]{20,}|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_\-]{50,})"),
 ]
+# What a terminal or a browser shows as nothing: escape sequences (CSI, OSC), control characters other
+# than line breaks and tabs, zero-width and bidi format characters, the soft hyphen.
+_INVISIBLE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"
+                        r"\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
 _MIN_SECRET_LEN = 4  # shorter values would mask ordinary words and numbers
 # Texts up to this long have their shapes masked through a cache: a stored message repeats the same
 # keys and knob values hundreds of times, and each costs a dozen regular-expression passes.
@@ -143,6 +147,18 @@ class Redactor:
         self._secrets = sorted({s for s in secrets if s and len(s) >= _MIN_SECRET_LEN}, key=len, reverse=True)
 
     def text(self, value: str) -> str:
+        masked = self._masked(value)
+        # A key with an invisible character inside ('sk-\x1b[0m...', a zero-width space, a bidi control):
+        # shown, the terminal or browser hides the character and the key reads whole. When taking them
+        # out reveals a secret, the text is kept without them, masked.
+        visible = _INVISIBLE.sub("", masked)
+        if visible != masked:
+            revealed = self._masked(visible)
+            if revealed != visible:
+                return revealed
+        return masked
+
+    def _masked(self, value: str) -> str:
         for secret in self._secrets:
             value = value.replace(secret, MASK)
         return _shapes_masked(value) if len(value) <= _CACHED_CHARS else _mask_shapes(value)

@@ -142,6 +142,13 @@ def _reading_response() -> Iterator[None]:
         raise MalformedResponse(f"the response is not a Chat Completion ({type(exc).__name__}: {exc})") from None
 
 
+def _token_count(value: object) -> int | None:
+    """A token count a server reported, or None when what it sent is none (a string, a negative, a bool)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**12:
+        return value
+    return None
+
+
 def refuses_format(exc: BaseException) -> bool:
     """An error about the response format (a downgrade, not a transient fault)."""
     if not isinstance(exc, openai.APIStatusError) or exc.status_code in (408, 409, 429):
@@ -369,12 +376,12 @@ class ChatClient:
         """The prompt's tokens as the server counts them: one token of the same prompt, not streamed
         (the server has the prompt cached from the answer just streamed). None if it will not say."""
         try:
-            response = self._client.chat.completions.create(
-                model=self.model, messages=messages, **self._kwargs("text", None, "probe", 1))
+            with _reading_response():  # a body that is no JSON, or no Chat Completion, says nothing
+                response = self._client.chat.completions.create(
+                    model=self.model, messages=messages, **self._kwargs("text", None, "probe", 1))
         except openai.OpenAIError:
             return None
-        usage = getattr(response, "usage", None)
-        return usage.prompt_tokens if usage and usage.prompt_tokens is not None else None
+        return _token_count(getattr(getattr(response, "usage", None), "prompt_tokens", None))
 
     # -- one call ----------------------------------------------------------------------------
     def complete(self, messages: list[dict[str, str]], *, schema: dict[str, Any] | None = None,
@@ -432,12 +439,13 @@ class ChatClient:
 
     def _usage(self, answer: _Answer, messages: list[dict[str, str]]) -> tuple[int, int, str]:
         """(prompt tokens, completion tokens, where they came from)."""
-        usage = answer.usage
-        if usage is not None and isinstance(usage.prompt_tokens, int):  # a server may send anything here
+        usage = answer.usage  # a server may send anything here: a string, counts that are no counts
+        prompt = _token_count(getattr(usage, "prompt_tokens", None))
+        if prompt is not None:
             if answer.streamed:
                 self.facts.stream_usage = True
-            completion = usage.completion_tokens if isinstance(usage.completion_tokens, int) else 0
-            return usage.prompt_tokens, completion, "stream" if answer.streamed else "response"
+            completion = _token_count(getattr(usage, "completion_tokens", None)) or 0
+            return prompt, completion, "stream" if answer.streamed else "response"
         if answer.streamed:
             self.facts.stream_usage = False
             prompt = self._probe_prompt_tokens(messages)
@@ -460,7 +468,11 @@ class ChatClient:
     def list_models(self) -> list[str]:
         """Model ids the endpoint serves (GET /models); EndpointError if it will not say."""
         try:
-            return [m.id for m in self._client.models.list()]
+            with _reading_response():  # a body that is no JSON, or no list of models
+                ids = [getattr(m, "id", None) for m in self._client.models.list()]
+                if not all(isinstance(i, str) for i in ids):
+                    raise TypeError("a model without a text id")
+                return [i[:200] for i in ids]
         except openai.OpenAIError as exc:
             raise EndpointError(_describe(exc, self.redactor), attempts=1, latency_s=0.0) from None
 

@@ -35,6 +35,8 @@ def serve(answer: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[tuple[st
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up: what it should do
 
+        do_GET = do_POST
+
     class Server(ThreadingHTTPServer):
         daemon_threads = True
         block_on_close = False
@@ -209,3 +211,40 @@ def test_an_endpoint_error_message_reaches_no_one_with_its_escape_sequences():
     text = str(err.value)
     assert "bad request \\x1b]8;;http://evil.example/" in text  # shown, not obeyed
     assert not any(c in text for c in "\x1b\x07\x9b")
+
+
+def _answer_then(second: bytes, usage: object = None) -> Callable[[BaseHTTPRequestHandler], None]:
+    """A streamed answer (with `usage` in its last chunk when given, else none), then `second` as the
+    body of the next request: the one-token request that asks the server to count the prompt."""
+    calls = []
+
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        calls.append(1)
+        if len(calls) > 1:
+            return _body(handler, second)
+        lines = [_chunk([{"index": 0, "delta": {"content": "hello"}, "finish_reason": "stop"}])]
+        if usage is not None:
+            lines.append("data: " + json.dumps({**CHUNK, "choices": [], "usage": usage}))
+        _sse(handler, *lines, "data: [DONE]")
+    return answer
+
+
+@pytest.mark.parametrize("second, usage", [
+    (b"{bad", None),  # the count request answered with no JSON
+    (json.dumps({"choices": [], "usage": {"prompt_tokens": "abc"}}).encode(), None),  # a count that is none
+    (json.dumps({"choices": [], "usage": "abc"}).encode(), "abc"),  # usage a string, in the stream too
+])
+def test_a_bad_token_count_keeps_the_answer_and_estimates_the_tokens(second: bytes, usage: object):
+    """The answer was good; the server's token count was not. Before: a JSONDecodeError, AttributeError
+    or TypeError escaped the client and threw the answer away (the agent fell back to the rules)."""
+    with serve(_answer_then(second, usage)) as (url, _):
+        completion = _client(url, stream=True, model="gpt-4.1-mini").complete([{"role": "user", "content": "hi"}],
+                                                                               max_tokens=50)
+    assert completion.text == "hello" and completion.usage_source == "estimate" and completion.prompt_tokens > 0
+
+
+@pytest.mark.parametrize("body", [b"{bad", json.dumps({"data": 5}).encode(), json.dumps({"data": [{"x": 1}]}).encode()])
+def test_a_model_list_that_is_no_list_of_models_is_an_endpoint_error(body: bytes):
+    with serve(lambda h: _body(h, body)) as (url, _):
+        with pytest.raises(EndpointError, match="MalformedResponse"):
+            _client(url).list_models()

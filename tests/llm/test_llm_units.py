@@ -279,6 +279,18 @@ def test_credentials_of_other_shapes_are_masked_and_ordinary_text_is_not():
     assert environment_secrets({"OPTICO_DATABASE_URL": "postgresql://:pw1234@db/x"}) == {"pw1234"}
 
 
+def test_a_key_with_an_invisible_character_inside_is_still_masked():
+    """An endpoint echoing the key with an escape, a zero-width space, a bell or a bidi control inside:
+    a terminal or a browser hides the character and shows the key whole. Ordinary escapes stay."""
+    key = "probeSECRETkey1234567890abcdef"
+    r = Redactor([key])
+    for hidden in (f"sk-\x1b[0m{key}", f"probe\u200bSECRETkey1234567890abcdef", f"probeSECRET\x07key1234567890abcdef",
+                   f"probeSECRETkey\u202e1234567890abcdef", "sk-\u200b" + "a1B2" * 10):
+        shown = r.text(f"echo {hidden} end")
+        assert "SECRET" not in shown and "a1B2a1B2" not in shown and "***" in shown, shown
+    assert r.text("plain \x1b[31mred\x1b[0m text") == "plain \x1b[31mred\x1b[0m text"
+
+
 def test_secret_names_and_signed_urls():
     from optico.redact import is_secret_name, redact
 
