@@ -65,8 +65,8 @@ _SHAPES = [
 ]
 # What a terminal or a browser shows as nothing: escape sequences (CSI, OSC), control characters other
 # than line breaks and tabs, zero-width and bidi format characters, the soft hyphen.
-_INVISIBLE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"
-                        r"\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+_INVISIBLE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
+                        r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
 _MIN_SECRET_LEN = 4  # shorter values would mask ordinary words and numbers
 # Texts up to this long have their shapes masked through a cache: a stored message repeats the same
 # keys and knob values hundreds of times, and each costs a dozen regular-expression passes.

@@ -75,8 +75,6 @@ def parse_id(value: str | int) -> int:
     return int(value)
 
 
-
-
 # Every id on the command line is parsed by `parse_id`: these, or an option with `parser=parse_id`.
 JobIdArgument = typer.Argument(..., metavar="JOB_ID", parser=parse_id, show_default=False)
 

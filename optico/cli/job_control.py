@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.text import Text
 
-from optico.cli.common import ANY_COUNT, whole_number, DatabaseOption, JobIdArgument, console, fail, open_store
+from optico.cli.common import ANY_COUNT, DatabaseOption, JobIdArgument, console, fail, open_store, whole_number
 from optico.cli.jobs import jobs_app
 from optico.errors import SpecError
 from optico.redact import redact

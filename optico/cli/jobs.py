@@ -12,8 +12,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from optico.cli.common import (whole_number, DatabaseOption, JobIdArgument, check_output_path, console, fail, open_store,
-                               output_file, parse_id, shown_url)
+from optico.cli.common import (DatabaseOption, JobIdArgument, check_output_path, console, fail, open_store,
+                               output_file, parse_id, shown_url, whole_number)
 from optico.cli.views import resume_hint, status_label, summary, trial_block, worker_gone
 from optico.textsafe import rich_text, terminal_text
 

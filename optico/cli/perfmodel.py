@@ -13,7 +13,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from optico.cli.common import whole_number, MoreFilesArgument, check_output_path, console, err, fail, files_by_option, require_files
+from optico.cli.common import (MoreFilesArgument, check_output_path, console, err, fail, files_by_option,
+                               require_files, whole_number)
 from optico.errors import SpecError, first_line
 from optico.perfmodel.constants import CALIBRATION_ENV, Constants, load_constants, read_calibration
 from optico.redact import redact
@@ -252,7 +253,8 @@ def perfmodel_calibrate(
 def perfmodel_crossvalidate(
     data: list[Path] = typer.Option(..., "--data", help="Replay CSV files, one source each (at least two)."),
     more: Optional[list[Path]] = MoreFilesArgument,
-    max_evals: int = typer.Option(40, "--max-evals", parser=whole_number(1, 100_000), help="Least-squares evaluations per fold."),
+    max_evals: int = typer.Option(40, "--max-evals", parser=whole_number(1, 100_000),
+                                  help="Least-squares evaluations per fold."),
     prior: float = typer.Option(1.0, "--prior",
                                 help="Pull of each constant toward its start (0 = none)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the figures (and each fold's constants) as JSON."),

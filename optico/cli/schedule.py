@@ -13,7 +13,8 @@ import typer
 from rich import box
 from rich.table import Table
 
-from optico.cli.common import ANY_COUNT, whole_number, DatabaseOption, check_output_path, console, err, fail, open_store, output_file
+from optico.cli.common import (ANY_COUNT, DatabaseOption, check_output_path, console, err, fail, open_store,
+                               output_file, whole_number)
 from optico.redact import credential_shaped
 from optico.textsafe import markup, rich_text
 
@@ -106,7 +107,8 @@ def schedule_list(database: Optional[str] = DatabaseOption) -> None:
 
 
 @schedule_app.command("show")
-def schedule_show(name: str, history: int = typer.Option(20, "--history", parser=whole_number(0, 1000), help="Ticks to show."),
+def schedule_show(name: str, history: int = typer.Option(20, "--history", parser=whole_number(0, 1000),
+                                                         help="Ticks to show."),
                   database: Optional[str] = DatabaseOption) -> None:
     """A schedule's incumbent and its history of ticks."""
     from optico.fingerprint import describe

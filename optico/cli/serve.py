@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from optico.cli.common import whole_number, DatabaseOption, console, err, fail, open_store
+from optico.cli.common import DatabaseOption, console, err, fail, open_store, whole_number
 from optico.errors import SpecError
 
 # uvicorn's levels (trace is its own, below debug).
@@ -29,25 +29,26 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _address(host: str, port: int) -> tuple[int, tuple]:
-    """(address family, socket address) to listen on, or one line naming --host: a name that does not
-    resolve, or control characters, fails here, before a pool is opened or a worker started."""
+def _family(host: str, port: int) -> int:
+    """The address family to listen on, as uvicorn picks it (IPv6 for a host with a colon); one line
+    naming --host for a name that does not resolve or holds control characters, before a pool is
+    opened or a worker started."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
     except (OSError, UnicodeError, ValueError) as exc:
         fail(f"--host: {host[:80]!r} is not an address this machine can listen on "
              f"({getattr(exc, 'strerror', None) or exc})")
-    family, _, _, _, address = infos[0]
-    return family, address
+    return family
 
 
-def _listen(host: str, port: int, family: int, address: tuple) -> socket.socket:
+def _listen(host: str, port: int, family: int) -> socket.socket:
     """The bound socket uvicorn serves on. Bound here, before the app starts: uvicorn binds only after
     its startup, so a port in use failed once the workers had claimed a job (left interrupted)."""
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind(address)
+        sock.bind((host, port))
     except OSError as exc:
         sock.close()
         fail(f"--port: cannot listen on {host}:{port} ({exc.strerror or exc})")
@@ -94,7 +95,7 @@ def serve(
     if log_level.lower() not in LOG_LEVELS:
         fail(SpecError("--log-level", f"{log_level!r} is not one of {', '.join(LOG_LEVELS)}"))
     log_level = log_level.lower()
-    family, address = _address(host, port)
+    family = _family(host, port)
     settings = _settings(database)
     count = 0 if no_worker else (settings.workers if workers is None else workers)
     no_token = (f"--host {host}: no API token exists, so nobody could use the API; create one first with "
@@ -108,7 +109,7 @@ def serve(
         store.close()
     if not _loopback(host) and no_tokens:
         fail(no_token)
-    listening = _listen(host, port, family, address)
+    listening = _listen(host, port, family)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     console.print(f"optico serve on http://{host}:{port} — {count} worker(s), pool {redact(store.url)}",
                   highlight=False, markup=False)

@@ -16,8 +16,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from optico.cli.common import (whole_number, DatabaseOption, check_output_path, console, err, fail, open_store, output_file,
-                               parse_id, shown_url)
+from optico.cli.common import (DatabaseOption, check_output_path, console, err, fail, open_store, output_file,
+                               parse_id, shown_url, whole_number)
 from optico.cli.views import summary, trial_block
 from optico.redact import redact
 from optico.spec import (
@@ -198,7 +198,8 @@ def tune(
                                            help="Override the spec's launcher."),
     max_trials: Optional[int] = typer.Option(None, "--max-trials", parser=whole_number(1, MAX_TRIALS), metavar="N",
                                              help="Override the trial budget."),
-    seed: Optional[int] = typer.Option(None, "--seed", parser=whole_number(0, MAX_SEED), metavar="S", help="Override the job seed."),
+    seed: Optional[int] = typer.Option(None, "--seed", parser=whole_number(0, MAX_SEED), metavar="S",
+                                       help="Override the job seed."),
     reasoner: Optional[str] = typer.Option(None, "--reasoner", metavar="rules|model-guided|llm-led",
                                            help="Override the spec's reasoners for all three agents (openai = "
                                                 "model-guided; the endpoint from OPTICO_LLM_*)."),
