@@ -508,6 +508,7 @@ def test_odd_but_well_formed_requests_get_4xx_not_500(served: tuple[Service, dic
         for odd in ("1_0", "+1", " 1", "\u00b2"):  # int() reads all but the last as a job id
             assert browser.get("/compare", params={"job": odd}).status_code == 422, odd
             assert browser.get("/compare", params={"parallel": odd}).status_code == 422, odd
+        assert browser.get("/compare", params={"jobs": "1", "parallel": str(2**31)}).status_code == 422  # no job
         # An unknown job's live stream is a 404 before the stream starts (a browser would retry forever).
         assert browser.get("/ui/jobs/99999/events").status_code == 404
     # /docs loads Swagger UI from its CDN with an inline script: its page's policy must allow both.

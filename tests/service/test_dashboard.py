@@ -23,8 +23,10 @@ from sqlalchemy import insert, select
 from optico.pool.models import JobRow, TrialRow, WorkloadRow
 from optico.pool.store import SqlStore
 from optico.report import flag_changes
+from optico.service.dashboard import charts
 from optico.spec import parse_spec
 from optico.strategy import Strategy
+from optico.textsafe import terminal_text
 
 CHROMIUM = next((p for p in ("/usr/bin/chromium", "/usr/lib/chromium/chromium", "/usr/bin/chromium-browser")
                  if Path(p).exists()), None)
@@ -184,7 +186,9 @@ def test_a_job_page_follows_a_running_job_live(browser: Any, site):
     page.locator("details.iteration").first.click()
     assert page.locator("details.iteration").first.locator(".message").count() >= 1
     # The live rows' hover text as the server writes it: a diagnosis or a rationale is not ours.
-    assert page.evaluate("() => plotlyText('a\\u202e<b>\\x1b[31m\\nz')") == "a\\u202e&lt;b&gt;\\u001b[31m\\nz"
+    assert page.evaluate("() => plotlyText('a\\u202e<b>\\x1b[31m\\nz')") == charts.plotly_text("a\u202e<b>\x1b[31m\nz")
+    # And a table cell as the server renders one: '\x1b' (not '\u001b'), a bare CR a line break.
+    assert page.evaluate("() => visible('a\\x1b[1mB\\rC\\udb40\\udc41')") == terminal_text("a\x1b[1mB\rC\U000e0041")
     script = httpx.get(f"{service.url}/jobs/{job['id']}/launch.sh", cookies={"optico_session": tokens["read"]})
     assert script.status_code == 200 and "torchrun" in script.text and final["best"]["megatron_args"][1] in script.text
     assert ui.errors == [] and ui.dialogs == []

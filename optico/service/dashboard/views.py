@@ -246,7 +246,7 @@ def trial_page(request: Request, job_id: JobIdPath, index: TrialIndexPath, store
 def compare_page(request: Request, store: StoreDep, who: Viewer,
                  job: Annotated[list[Annotated[int, DIGITS]], Query(max_length=20)] = [],  # noqa: B006 - FastAPI's list query
                  jobs: Annotated[str, Query(max_length=200, description="Comma-separated ids.")] = "",
-                 parallel: Annotated[int | None, DIGITS] = None) -> Response:
+                 parallel: Annotated[int | None, DIGITS, Query(ge=1, le=SQL_INT_MAX)] = None) -> Response:
     # ASCII digits only: '²' is a digit to str.isdigit but not to int().
     ids = [*job, *(int(x) for x in jobs.replace(" ", "").split(",") if re.fullmatch(r"[0-9]{1,10}", x))][:20]
     chosen = [store.get_job(i) for i in dict.fromkeys(ids) if _exists(store, i)]

@@ -42,8 +42,15 @@ function pct(x) { return x === null || x === undefined ? "" : (100 * x).toFixed(
 // (optico.textsafe): textContent keeps them, and a U+202E reorders the text after it.
 const UNSAFE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u00ad\u061c\u180e\u200b\u200e\u200f\u2028\u2029\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb]|\udb40[\udc00-\udc7f]/g;
 
+function escaped(c) {
+  const code = c.codePointAt(0);
+  const hex = (width) => code.toString(16).padStart(width, "0");
+  return code < 0x100 ? "\\x" + hex(2) : code < 0x10000 ? "\\u" + hex(4) : "\\U" + hex(8);
+}
+
+// A bare CR as a line break, as the server writes it (a CR alone would read as nothing).
 function visible(text) {
-  return String(text).replace(UNSAFE, (c) => "\\u" + c.codePointAt(0).toString(16).padStart(4, "0"));
+  return String(text).replace(/\r\n|\r/g, "\n").replace(UNSAFE, escaped);
 }
 
 function cell(tag, text, className) {
