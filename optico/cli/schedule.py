@@ -20,7 +20,7 @@ from optico.textsafe import markup, rich_text
 
 schedule_app = typer.Typer(no_args_is_help=True, help="Nightly retuning schedules: re-check a tuned workload "
                                                       "after framework upgrades.")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def _when(value) -> str:
@@ -59,7 +59,7 @@ def schedule_add(
     from optico.retune.webhook import check_webhook_url
     from optico.spec import MAX_TRIALS, SpecError, load_spec
 
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):  # match() and '$' would take a trailing newline
         fail(f"name: {name!r} must be 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit")
     if credential_shaped(name):
         fail("name: looks like a credential; a schedule's name is shown in every listing")
@@ -180,7 +180,7 @@ def schedule_run_now(
             fail(f"schedule: no schedule named {name!r}")
         err.print(f"ticking {name!r} …", highlight=False)
         try:
-            tick = run_now(store, name, database_url=url, policy=policy)
+            tick = run_now(store, name, database_url=url, policy=policy, lock_s=policy.lease_s)
         except LifecycleError as exc:
             fail(str(exc))
         result = outcome_json(name, tick)

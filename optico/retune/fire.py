@@ -24,6 +24,10 @@ class RetuneRunning(LifecycleError):
     """`run-now` while the schedule's previous retune job still runs."""
 
 
+class ScheduleRemoved(LifecycleError):
+    """The schedule was removed while `run-now` waited for its retune job."""
+
+
 def settle_all(store: Store) -> list[TickRecord]:
     """Closes every tick whose retune job has ended; returns those closed now."""
     closed = []
@@ -73,4 +77,8 @@ def run_now(store: Store, name: str, *, database_url: str, worker: str | None = 
         pass  # a service worker got it first (and may have finished it): wait for it below
     while store.get_job(job_id).status not in ENDED:
         time.sleep(poll_s)
-    return settle(store, store.get_tick(record.id)) or store.get_tick(record.id)
+    try:
+        return settle(store, store.get_tick(record.id)) or store.get_tick(record.id)
+    except KeyError:  # the schedule, and its ticks with it, was removed while the retune job ran
+        raise ScheduleRemoved(f"schedule {name!r} was removed while its retune job {job_id} ran; the job "
+                              f"ended {store.get_job(job_id).status.value}, and no tick records it") from None

@@ -296,14 +296,16 @@ def _body_problem(cause: BaseException | None) -> str | None:
 
 def _shown_error(request: Request, error: dict) -> dict:
     """One validation error as the 422 shows it: its rejected value echoed as `_echo` allows, a header's
-    not at all (a key or a credential sent in the wrong place). FastAPI
+    or a webhook URL's not at all (a key, a credential, a receiver's token path). FastAPI
     decodes a body as JSON only when its Content-Type says JSON; otherwise the model is given the raw
     bytes, and its error ("a valid dictionary") hides why: that one names the Content-Type instead."""
     if tuple(error.get("loc", ())) == ("body",) and isinstance(error.get("input"), bytes):
         kind = request.headers.get("content-type", "").split(";")[0].strip()[:60]
         return {"loc": ["body"], "msg": f"the body was sent as {kind!r}; send it as application/json",
                 "type": "content_type"}
-    if tuple(error.get("loc", ()))[:1] == ("header",):  # an Idempotency-Key is never quoted (docs/api.md)
+    loc = tuple(error.get("loc", ()))
+    # An Idempotency-Key, and a webhook URL (its path is the receiver's secret), are never quoted.
+    if loc[:1] == ("header",) or loc[-1:] == ("webhook_url",):
         return {k: v for k, v in error.items() if k not in ("input", "ctx")}
     return {**error, "input": _echo(error["input"])} if "input" in error else error
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import threading
+import time
 
 from retune_testkit import add_schedule
 
@@ -13,7 +14,7 @@ from optico.launchers.sim import SimLauncher
 from optico.pool.lifecycle import JobStatus
 from optico.pool.store import SqlStore
 from optico.report import flag_changes
-from optico.retune.fire import RetuneRunning, fire_due, run_now
+from optico.retune.fire import RetuneRunning, ScheduleRemoved, fire_due, run_now
 from optico.retune.retune import idempotency_key
 from optico.retune.tick import outcome_json
 
@@ -113,6 +114,33 @@ def test_two_schedulers_on_one_database_fire_a_slot_once(store: SqlStore, db_url
         assert str(tick.retune_job_id) in str(exc)
     else:
         raise AssertionError("run-now started a second retune")
+
+
+def test_a_schedule_removed_while_its_retune_job_runs_ends_run_now_in_one_error(store: SqlStore, db_url: str) -> None:
+    """Before: the job finished, then run-now raised KeyError looking up the removed schedule's tick
+    (a traceback from `optico schedule run-now`)."""
+    from optico.spec import parse_spec
+    from retune_testkit import sim_spec
+
+    add_schedule(store, "nightly", max_trials=3, spec=parse_spec(sim_spec(max_trials=3, trial_seconds=0.5)))
+
+    def remove_once_the_job_runs() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any(j.status == JobStatus.RUNNING for j in store.list_jobs(10)):
+                store.delete_schedule("nightly")
+                return
+            time.sleep(0.05)
+
+    remover = threading.Thread(target=remove_once_the_job_runs)
+    remover.start()
+    try:
+        run_now(store, "nightly", database_url=db_url)
+    except ScheduleRemoved as exc:
+        assert "'nightly' was removed while its retune job" in str(exc) and "ended succeeded" in str(exc)
+    else:
+        raise AssertionError("run-now returned a tick of a removed schedule")
+    remover.join()
 
 
 def test_a_schedule_added_again_after_removal_starts_its_own_first_tune(store: SqlStore, db_url: str) -> None:

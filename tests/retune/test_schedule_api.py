@@ -52,6 +52,7 @@ BAD = [
     ({"max_trials": "5"}, ["body", "max_trials"]),
     ({"max_trials": 5.0}, ["body", "max_trials"]),
     ({"webhook_url": "file:///etc/passwd"}, ["body", "webhook_url"]),
+    ({"webhook_url": "http://169.254.169.254/services/T0123/B0456/q8Zr2LmX9vTy7KpW"}, ["body", "webhook_url"]),
     ({"colour": "blue"}, ["body", "colour"]),
     ({"spec": {"name": "x"}}, ["body", "spec", "workload", "model"]),
     ({"spec": {**sim_spec(), "launcher": {"kind": "sim", "framework_version": ""}}},
@@ -75,6 +76,7 @@ def test_schedules_follow_the_api_conventions(make_service, tokens: dict[str, st
         answer = writer.post("/api/v1/schedules", json={**body(), **change})
         assert answer.status_code == 422, (change, answer.text)
         assert [e["loc"] for e in answer.json()["detail"]][0][:len(loc)] == loc, (change, answer.json())
+        assert "q8Zr2LmX9vTy7KpW" not in answer.text  # a webhook's path is its receiver's secret: never quoted
 
     created = writer.post("/api/v1/schedules", json=body(webhook_url="https://hooks.example.com/T0/B0/tok123456"))
     assert created.status_code == 201, created.text

@@ -59,6 +59,7 @@ def test_bad_input_is_one_line_and_exit_2(run_here, spec_file: Path, tmp_path: P
         (("add", "n", "--spec", str(tmp_path / "none.yaml")), "error: --spec: no such spec file"),
         (("add", "n", "--spec", str(broken)), "error: budget.max_trials:"),
         (("add", "bad name", "--spec", str(spec_file)), "error: name: 'bad name' must be"),
+        (("add", "nl\n", "--spec", str(spec_file)), "error: name: 'nl\\n' must be"),  # '$' took the newline
         # A name is how a schedule is looked up, so it cannot be kept masked: a credential is refused.
         (("add", "ghp_" + "a1B2" * 9, "--spec", str(spec_file)), "error: name: looks like a credential"),
         (("add", "n", "--spec", str(spec_file), "--max-trials", "0"), "error: --max-trials: must be 1 to 10,000"),
