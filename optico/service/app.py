@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 import anyio
-from fastapi import FastAPI, Request, Response, status
+from fastapi import FastAPI, HTTPException, Request, Response, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -34,6 +34,7 @@ from optico.pool.store import SqlStore
 from optico.redact import redact, scrub
 from optico.service import dashboard
 from optico.service.dashboard.session import LoginRequired, login_redirect
+from optico.service.deps import bearer, current_token
 from optico.service.routes import events, jobs, ops, schedules
 from optico.service.scheduler import Scheduler
 from optico.service.settings import ServiceSettings
@@ -201,21 +202,17 @@ def _database_down(exc: StoreError) -> JSONResponse:
 async def _unauthenticated_api_call(request: Request) -> Response | None:
     """The 401 an API request without a valid token gets, for an error found before its token was
     checked: FastAPI decodes a JSON body before it runs any dependency, so `{bad` sent anonymously
-    would be answered about its JSON, not its missing token. None when the token is good (or the
-    path is not the API's)."""
+    would be answered about its JSON, not its missing token. The API's own token check, run here;
+    None when the token is good (or the path is not the API's)."""
     if not request.url.path.startswith("/api/"):
         return None
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    token = token.strip()
     try:  # (an error raised inside an exception handler would be a bare 500)
-        known = scheme.lower() == "bearer" and token and \
-            await run_in_threadpool(request.app.state.store.authenticate, token) is not None
+        await run_in_threadpool(current_token, request.app.state.store, await bearer(request))
+    except HTTPException as exc:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
     except StoreError as exc:
         return _database_down(exc)
-    if known:
-        return None
-    return JSONResponse({"detail": "a valid bearer token is required (optico token create NAME --scope read|write)"},
-                        status_code=status.HTTP_401_UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+    return None
 
 
 class ContentLengthGate:
