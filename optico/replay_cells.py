@@ -177,6 +177,9 @@ def _comma_read(found: re.Match) -> str:
         return digits.replace(",", ".")
     raise CellError(f"{digits[:40]!r} is neither a number with thousands separators nor one decimal comma")
 _SCALE = {"k": 1e3, "m": 1e6, "b": 1e9}
+# What no decimal is followed by: another decimal point ('1.2.3', a version) or a radix ('0x10', 0b1).
+_GLUED = re.compile(r"\.[0-9]", re.ASCII)
+_RADIX = re.compile(r"[xob][0-9a-f]", re.ASCII)
 
 
 def parse_number(cell: str | None, unit: str = "", header_unit: str = "") -> Any:
@@ -193,6 +196,8 @@ def parse_number(cell: str | None, unit: str = "", header_unit: str = "") -> Any
     found = _NUMBER.search(cleaned)
     if not found:
         raise CellError(f"{text!r} is not a number")
+    if _GLUED.match(cleaned, found.end()) or (found.group(0) == "0" and _RADIX.match(cleaned, found.end())):
+        raise CellError(f"{text[:40]!r} is not one decimal number")
     value = float(found.group(0))
     if not math.isfinite(value):  # '1e999', or 400 digits: no measurement or count is that large
         raise NotFinite(f"{text[:40]!r} is not a finite number")

@@ -1,5 +1,5 @@
 """The one-line error of every command, the check that an output path can be written, and the reading
-of a count typed on the command line.
+of a count or a decimal number typed on the command line.
 
 Shared by `optico.cli` and `optico.bench.cli` (which `optico.cli` registers, so it cannot import
 `optico.cli` back): bad input from the command line ends in one line on stderr,
@@ -8,7 +8,9 @@ Shared by `optico.cli` and `optico.bench.cli` (which `optico.cli` registers, so 
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -120,4 +122,35 @@ def whole_number(low: int, high: int) -> Callable[[str | int], int]:
         if len(value) > len(str(high)) or not low <= int(value) <= high:
             raise typer.BadParameter(f"must be {low:,} to {high:,}, got {value[:40]}")
         return int(value)
+    return parse
+
+
+# A decimal as people type one: '2', '0.5', '.5', '1e3'. float() also takes '1_0' (10), ' 2', '+2',
+# 'inf', 'nan' and non-ASCII digits, none of which a user means as a budget or a weight.
+_PLAIN_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?")
+
+
+def read_decimal(text: str) -> float | None:
+    """`text` as a non-negative finite decimal, or None when it is not written as one."""
+    if len(text) > 40 or not _PLAIN_DECIMAL.fullmatch(text):
+        return None
+    return float(text)
+
+
+def _range(low: float, high: float) -> str:
+    return f" from {low:g}" + (f" to {high:g}" if math.isfinite(high) else "")
+
+
+def decimal_number(low: float, high: float) -> Callable[[str | float], float]:
+    """A parser for a decimal option (`typer.Option(..., parser=decimal_number(0, 100))`): a plain
+    non-negative decimal from `low` to `high`."""
+    def parse(value: str | float) -> float:
+        if isinstance(value, (int, float)):  # a default, never typed
+            return float(value)
+        number = read_decimal(value)
+        if number is None:
+            raise typer.BadParameter(f"{value[:40]!r} is not a plain decimal number{_range(low, high)}")
+        if not low <= number <= high:
+            raise typer.BadParameter(f"must be a number{_range(low, high)}, got {value[:40]}")
+        return number
     return parse

@@ -123,11 +123,13 @@ def test_report_escapes_a_hostile_header(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-1", "2e6"])
-def test_a_prior_weight_out_of_range_says_why(tmp_path, value):
-    # NaN passed click's range check and was refused as "less than or equal to 1000000".
+@pytest.mark.parametrize("value, reason", [("nan", "is not a plain decimal"), ("inf", "is not a plain decimal"),
+                                           ("-1", "is not a plain decimal"), ("1_0", "is not a plain decimal"),
+                                           ("2e6", "must be a number")])
+def test_a_prior_weight_out_of_range_says_why(tmp_path, value, reason):
+    # NaN passed click's range check and was refused as "less than or equal to 1000000"; '1_0' was 10.
     proc = perfmodel(tmp_path, "calibrate", "--data", str(PACKAGED_OPTICO_CSV), f"--prior={value}")
-    assert_one_line_error(proc, "--prior", "must be a finite number from 0 to 1e+06")
+    assert_one_line_error(proc, "--prior", reason, "from 0 to 1e+06")
 
 
 def test_report_redacts_a_secret_in_a_cell(tmp_path):

@@ -863,3 +863,15 @@ def test_a_decimal_comma_is_read_as_one_and_a_comma_naming_no_number_is_refused(
     path.write_text(f"{HEADER},Step time (s)\n"
                     "Llama3-8B,32,4096,32,8,14336,128256,8192,A100-80GB,8,2,1,1,128,ok,\"3,25\"\n")
     assert read_replay_csv(path)[0].step_time_s == pytest.approx(3.25)
+
+
+@pytest.mark.parametrize("cell", ["0x10", "0xff", "0b1", "1.2.3", "38.4.1 %"])
+def test_a_cell_that_is_no_one_decimal_is_refused(cell: str) -> None:
+    """'0x10' was read as 0 and '1.2.3' as 1.2: the number's first digits, the rest taken for a unit."""
+    with pytest.raises(CellError, match="not one decimal number"):
+        parse_number(cell)
+
+
+def test_a_unit_or_a_scale_after_a_decimal_is_still_read() -> None:
+    assert parse_number("0 b") == 0 and parse_number("2b") == 2e9
+    assert parse_number("0.5 ms", "s") == pytest.approx(0.0005)

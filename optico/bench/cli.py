@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -12,7 +11,7 @@ from rich.console import Console
 
 from optico.bench.suite import DEFAULT_TUNERS
 from optico.errors import SpecError, first_line
-from optico.terminal import ANY_COUNT, check_output_path, err, fail, whole_number
+from optico.terminal import ANY_COUNT, check_output_path, err, fail, read_decimal, whole_number
 from optico.textsafe import markup, terminal_text
 
 console = Console(emoji=False)  # ":x:" in a file name is text, not an emoji
@@ -212,11 +211,10 @@ def _sweep_sizes(sweep: str) -> list[float]:
     for part in sweep.split(","):
         if not part.strip():
             continue
-        try:
-            size = float(part)
-        except ValueError:
-            fail(SpecError("--sweep", f"{part.strip()!r} is not a number; give effect sizes such as 0,0.05,0.1"))
-        if not math.isfinite(size) or not 0 <= size <= MAX_EFFECT_SIZE:
+        size = read_decimal(part.strip())
+        if size is None:
+            fail(SpecError("--sweep", f"{part.strip()[:40]!r} is not a number; give effect sizes such as 0,0.05,0.1"))
+        if not 0 <= size <= MAX_EFFECT_SIZE:
             fail(SpecError("--sweep", f"effect size {part.strip()} is not between 0 and {MAX_EFFECT_SIZE:g}"))
         sizes.append(size)
     if not sizes:

@@ -17,7 +17,8 @@ from rich.console import Console
 from optico.errors import SpecError
 from optico.pool.models import SQL_INT_MAX
 # Every command imports these from here.
-from optico.terminal import ANY_COUNT, check_output_path, err, fail, output_file, whole_number  # noqa: F401
+from optico.terminal import (ANY_COUNT, check_output_path, decimal_number, err, fail, output_file,  # noqa: F401
+                             whole_number)
 from optico.textsafe import markup
 
 console = Console(emoji=False)  # ":x:" in a file name is text, not an emoji

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Optional
 import typer
 from rich.text import Text
 
-from optico.cli.common import ANY_COUNT, DatabaseOption, JobIdArgument, console, fail, open_store, whole_number
+from optico.cli.common import (ANY_COUNT, DatabaseOption, JobIdArgument, console, decimal_number, fail, open_store,
+                               whole_number)
 from optico.cli.jobs import jobs_app
 from optico.errors import SpecError
 from optico.redact import redact
@@ -81,7 +82,8 @@ def jobs_resume(job_id: int = JobIdArgument, database: Optional[str] = DatabaseO
 def jobs_budget(job_id: int = JobIdArgument,
                 max_trials: Optional[int] = typer.Option(None, "--max-trials", parser=whole_number(0, ANY_COUNT),
                                                          help="New trial budget."),
-                gpu_hours: Optional[float] = typer.Option(None, "--gpu-hours", help="New GPU-hour budget."),
+                gpu_hours: Optional[float] = typer.Option(None, "--gpu-hours", parser=decimal_number(0, math.inf),
+                                                          help="New GPU-hour budget."),
                 database: Optional[str] = DatabaseOption) -> None:
     """Raise or lower a job's budget, also while it runs."""
     from optico.pool.lifecycle import LifecycleError

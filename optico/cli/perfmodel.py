@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from optico.cli.common import (MoreFilesArgument, check_output_path, console, err, fail, files_by_option,
-                               require_files, whole_number)
+                               decimal_number, require_files, whole_number)
 from optico.errors import SpecError, first_line
 from optico.perfmodel.constants import CALIBRATION_ENV, Constants, load_constants, read_calibration
 from optico.redact import redact
@@ -91,11 +90,10 @@ def _write_failed(path: Path, option: str, exc: OSError) -> None:
 MAX_PRIOR = 1e6
 
 
-def _prior_weight(value: float, option: str = "--prior") -> None:
-    # Checked here, not by the option's min/max: click's range check let NaN through to a message
-    # that blamed the upper bound.
-    if not (math.isfinite(value) and 0 <= value <= MAX_PRIOR):
-        fail(SpecError(option, f"must be a finite number from 0 to {MAX_PRIOR:g}, got {value}"))
+# Read by our parser, not click's float and range check: those let NaN through to a message that
+# blamed the upper bound, and read '1_0' as 10.
+PriorOption = typer.Option(1.0, "--prior", metavar="W", parser=decimal_number(0, MAX_PRIOR),
+                           help="Pull of each constant toward its start (0 = none).")
 
 
 StrictOption = typer.Option(False, "--strict", help="A row that cannot be read is an error (default: skipped "
@@ -192,8 +190,7 @@ def perfmodel_calibrate(
     start: Optional[str] = typer.Option(None, "--start", metavar="defaults|FILE.json",
                                         help="Constants to start from: 'defaults' (uncalibrated) or a JSON file "
                                              "(default: the calibration in use)."),
-    prior: float = typer.Option(1.0, "--prior", metavar="W",
-                                help="Pull of each constant toward its start (0 = none)."),
+    prior: float = PriorOption,
 ) -> None:
     """Fit the model's free constants to measured rows; report evaluate's figures before and after."""
     from optico.perfmodel.calibrate import calibrate, worse_figures
@@ -201,7 +198,6 @@ def perfmodel_calibrate(
     extra = files_by_option(ctx, more, ("--data", "--holdout"))
     data = [*data, *extra["--data"]]
     holdout = [*(holdout or []), *extra["--holdout"]]
-    _prior_weight(prior)
     _check_fields(field or [])
     require_files("--data", data)
     require_files("--holdout", holdout)
@@ -255,8 +251,7 @@ def perfmodel_crossvalidate(
     more: Optional[list[Path]] = MoreFilesArgument,
     max_evals: int = typer.Option(40, "--max-evals", parser=whole_number(1, 100_000),
                                   help="Least-squares evaluations per fold."),
-    prior: float = typer.Option(1.0, "--prior",
-                                help="Pull of each constant toward its start (0 = none)."),
+    prior: float = PriorOption,
     out: Optional[Path] = typer.Option(None, "--out", help="Write the figures (and each fold's constants) as JSON."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
@@ -265,7 +260,6 @@ def perfmodel_crossvalidate(
     from optico.perfmodel.calibrate import leave_one_source_out
 
     data = [*data, *(more or [])]
-    _prior_weight(prior)
     require_files("--data", data)
     if len(data) < 2:
         fail(SpecError("--data", "leave-one-source-out needs at least two files"))

@@ -154,6 +154,7 @@ def test_only_selecting_nothing_names_only(tmp_path: Path):
     (["--sweep", "inf"], "--sweep", "inf"),
     (["--sweep", "0,-0.1"], "--sweep", "-0.1"),
     (["--sweep", "1e308"], "--sweep", "1e308"),
+    (["--sweep", "0,1_0"], "--sweep", "'1_0'"),  # float() read it as 10
     (["--jobs", "0"], "--jobs", "0"),
     (["--jobs", "-3"], "--jobs", "-3"),
     (["--seeds", "0"], "--seeds", "0"),

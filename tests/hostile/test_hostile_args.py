@@ -103,6 +103,13 @@ ARGS = [
     ("jobs budget --max-trials beyond a spec's", lambda s, t: ["jobs", "budget", "1", "--max-trials", "999999999"],
      "--max-trials"),
     ("jobs budget --gpu-hours nan", lambda s, t: ["jobs", "budget", "1", "--gpu-hours", "nan"], "--gpu-hours"),
+    # float() reads '1_0' as 10 and takes ' 2' and '+2': a budget is a plain decimal.
+    ("jobs budget --gpu-hours with an underscore", lambda s, t: ["jobs", "budget", "1", "--gpu-hours", "1_0"],
+     "--gpu-hours"),
+    ("jobs budget --gpu-hours with a sign", lambda s, t: ["jobs", "budget", "1", "--gpu-hours", "+2"], "--gpu-hours"),
+    ("jobs budget --gpu-hours 1e999", lambda s, t: ["jobs", "budget", "1", "--gpu-hours", "1e999"], "--gpu-hours"),
+    ("perfmodel --prior with an underscore", lambda s, t: ["perfmodel", "calibrate", "--data", "x.csv",
+                                                           "--prior", "1_0"], "--prior"),
     ("jobs cancel unknown id", lambda s, t: ["jobs", "cancel", "999"], "JOB_ID"),
     ("spec path too long for the file system", lambda s, t: ["tune", str(t / ("a" * 300 + ".yaml"))], None),
     ("--json path too long for the file system", lambda s, t: ["tune", s, "--json", str(t / ("a" * 300))],
