@@ -231,6 +231,11 @@ class WrongNumber(CellError):
     with one is wrong, not vague: unlike a word ('auto'), it is never read as unknown."""
 
 
+# The largest count read exactly (2^53): past it a float has lost digits, and no layer, GPU or batch
+# count comes near it.
+MAX_COUNT = 2**53
+
+
 def parse_int(cell: str | None) -> Any:
     """A positive count; 0 reads as unknown (tables write 0 for 'none': VPP, experts)."""
     try:
@@ -241,6 +246,8 @@ def parse_int(cell: str | None) -> Any:
         return UNKNOWN
     if value < 0 or value != int(value):
         raise WrongNumber(f"{_text(cell)[:40]!r} is not a positive integer")
+    if value > MAX_COUNT:  # read through a float: its last digits are already lost
+        raise WrongNumber(f"{_text(cell)[:40]!r} is larger than any count a table holds")
     if value == 0:
         raise CellError(f"{_text(cell)!r} is not a positive integer")
     return int(value)

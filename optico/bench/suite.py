@@ -147,16 +147,18 @@ def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
         print(terminal_text(f"warning: {OPTION}: {reason}; skipped", one_line=True), file=sys.stderr)
         return []
     broken = _malformed_text(path, rows)
+    unusable = _unusable_text(path, rows)
     if not found:
         reason = (f"{path} has no workload with enough measured configurations (at least {MIN_REPLAY_CONFIGS} "
                   f"usable rows of one workload, one of them a run that finished)")
         if strict:  # one line: the refusal says what was broken too
             raise SpecError(OPTION, f"{reason}; {broken}" if broken else reason)
         print(terminal_text(f"warning: {OPTION}: {reason}; skipped", one_line=True), file=sys.stderr)
-    elif strict and broken:
+    elif strict:
         from optico.redact import redact
 
-        print(terminal_text(redact(f"warning: {OPTION}: {broken}"), one_line=True), file=sys.stderr)
+        for text in filter(None, (broken, unusable)):
+            print(terminal_text(redact(f"warning: {OPTION}: {text}"), one_line=True), file=sys.stderr)
     return found
 
 
@@ -174,6 +176,18 @@ def _malformed_text(path: Path, rows: list[ReplayRow]) -> str:
                                    f"{read} read with their missing cells unknown" if read else ""]))
     first = broken[0]
     return f"{len(broken)} malformed row(s) of {path}, {fate} (first {first.where}: {first.malformed[0]})"
+
+
+def _unusable_text(path: Path, rows: list[ReplayRow]) -> str:
+    """Which well-formed rows of a named file no landscape can hold (a configuration the rules refuse,
+    a measurement no GPU makes, a precision the model does not cover) and the first one's reason; ''
+    when none is."""
+    unusable = [row for row in rows if not row.read and not row.malformed]
+    if not unusable:
+        return ""
+    first = unusable[0]
+    reason = (first.skip_reason or "").split("; ")[0]
+    return f"{len(unusable)} row(s) of {path} left out (first {first.where}: {reason})"
 
 
 def _group(d: LandscapeDef) -> str:

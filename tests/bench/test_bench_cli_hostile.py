@@ -234,6 +234,23 @@ def test_a_named_table_s_broken_rows_are_left_out_with_a_warning(tmp_path: Path,
     assert "malformed" not in capsys.readouterr().err
 
 
+def test_a_named_table_s_rows_no_landscape_can_hold_are_left_out_with_a_warning(tmp_path: Path, capsys):
+    # TP 3 with 32 heads (the rules refuse it) and a 26-digit TP: both rows left out; the first was
+    # left out silently, the second named a TP its float reading had changed.
+    def edit(ok_rows):
+        ok_rows[0]["tp"] = "3"
+        ok_rows[1]["tp"] = "1" * 26
+    path = write_table(tmp_path / "odd.csv", edit)
+    defs = select_landscapes("replay", [path], strict=True)
+    assert any("odd" in d.name for d in defs)
+    warning = capsys.readouterr().err
+    assert f"--landscape: 1 row(s) of {path} left out (first odd.csv:" in warning
+    assert "must be divisible by TP (3)" in warning
+    assert "larger than any count a table holds" in warning and "1" * 26 in warning
+    select_landscapes("replay", [write_table(tmp_path / "clean.csv")], strict=True)
+    assert "left out" not in capsys.readouterr().err
+
+
 def test_rows_shorter_than_the_header_are_said_to_be_read_not_left_out(tmp_path: Path, capsys):
     # A header with one column more than its rows: every row was read (its last cell unknown), and the
     # warning said they were "left out" with the reason "None".
