@@ -195,6 +195,47 @@ def test_a_job_page_follows_a_running_job_live(browser: Any, site):
     ui.close()
 
 
+def _mfu_chart(page: Any) -> dict[str, Any]:
+    """The MFU chart as drawn (points rounded as the server rounds them), and the stop reason shown."""
+    return page.evaluate("""() => {
+        const chart = document.getElementById('chart-mfu');
+        const round = (v) => v === null ? null : Math.round(v * 1000) / 1000;
+        return {traces: chart.data.map(t => [t.name, Array.from(t.x), Array.from(t.y).map(round)]),
+                baseline: (chart.layout.shapes || []).map(s => round(s.y0)),
+                stop: document.getElementById('stop-box').hidden ? null
+                      : document.getElementById('stop-reason').textContent};
+    }""")
+
+
+def test_a_page_opened_before_the_first_trial_ends_draws_what_a_reload_draws(browser: Any, site):
+    # The live chart kept what the page had at load: no baseline line (its trial had not run), failures
+    # at a floor of 0, no stop reason, until the page was reloaded.
+    service, tokens, store = site
+    http = client(service, tokens["write"])
+    ui = Page(browser, service, tokens["read"])
+    job = http.post("/api/v1/jobs", json=spec("live-from-start", max_trials=6, trial_seconds=2.5, seed=3,
+                                              infra_rate=0.3)).json()
+    page = ui.go(f"/jobs/{job['id']}")
+    page.wait_for_function("() => document.getElementById('chart-mfu').data !== undefined")
+    opened = page.evaluate("() => readJson('live-data')")
+    assert opened["last_index"] == 0 and opened["baseline_mfu"] is None, opened
+    final = wait_for(lambda: (j := http.get(f"/api/v1/jobs/{job['id']}").json())["status"] == "succeeded" and j,
+                     timeout=120, what="the job to finish")
+    page.wait_for_function(f"() => document.querySelectorAll('#trials-table tbody tr').length === {final['trials']}"
+                           " && !document.getElementById('stop-box').hidden", timeout=30_000)
+    live = _mfu_chart(page)
+    page.reload()
+    page.wait_for_function("() => document.getElementById('chart-mfu').data !== undefined")
+    assert live == _mfu_chart(page)
+    trials = http.get(f"/api/v1/jobs/{job['id']}/trials").json()
+    assert live["stop"] and live["stop"] == store.get_job(job["id"]).stop_reason
+    assert live["baseline"] == ([round(100 * trials[0]["metrics"]["mfu"], 3)] if trials[0]["status"] == "ok" else [])
+    failed = dict((name, y) for name, _, y in live["traces"])["failed"]
+    assert any(t["status"] != "ok" for t in trials) == bool(failed)  # infra faults: failures to place
+    assert ui.errors == [] and ui.dialogs == []
+    ui.close()
+
+
 def test_a_diagnosis_shows_its_confidence_once(browser: Any, site):
     # The diagnosis ends "(Confidence: N)"; the job row, the trial page and the report added it again.
     service, tokens, store = site

@@ -82,13 +82,25 @@ def _hover(row: dict[str, Any]) -> str:
     return f"#{row['index']} {plotly_text(row['strategy'])}<br>{plotly_text(what[:160])}"
 
 
-def failure_floor(rows: list[dict[str, Any]], baseline_mfu: float | None) -> float:
-    """Where failures sit on the MFU chart (in %): just below the lowest measured MFU, so the axis keeps the
-    measured spread readable instead of starting at 0."""
-    measured = [100 * r["mfu"] for r in rows if r["mfu"] is not None]
+def failure_floor(mfus: list[float | None], baseline_mfu: float | None) -> float:
+    """Where failures sit on the MFU chart (in %), given the trials' measured MFUs (None for a failure):
+    just below the lowest, so the axis keeps the measured spread readable instead of starting at 0."""
+    measured = [100 * m for m in mfus if m is not None]
     if baseline_mfu is not None:
         measured.append(100 * baseline_mfu)
     return max(0.0, round(min(measured) - 3.0, 1)) if measured else 0.0
+
+
+def baseline_marks(baseline_mfu: float | None) -> dict[str, list[dict[str, Any]]]:
+    """The MFU chart's dashed baseline and its label (none without a baseline): its layout's `shapes`
+    and `annotations`, also sent live when the baseline's trial ends after the page was opened."""
+    if baseline_mfu is None:
+        return {"shapes": [], "annotations": []}
+    y = 100 * baseline_mfu
+    return {"shapes": [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": y, "y1": y,
+                        "line": {"dash": "dash", "color": "#57606a"}}],
+            "annotations": [{"xref": "paper", "x": 1, "y": y, "text": "baseline", "showarrow": False,
+                             "xanchor": "right", "yanchor": "bottom", "font": {"color": "#57606a"}}]}
 
 
 def mfu_figure(rows: list[dict[str, Any]], baseline_mfu: float | None) -> dict[str, Any]:
@@ -102,7 +114,7 @@ def mfu_figure(rows: list[dict[str, Any]], baseline_mfu: float | None) -> dict[s
     ]
     for trace in traces:
         trace.update(type="scatter", x=[], y=[], text=[], hoverinfo="text+y")
-    floor = failure_floor(rows, baseline_mfu)
+    floor = failure_floor([row["mfu"] for row in rows], baseline_mfu)
     for row in rows:
         trace = traces[mfu_trace_of(row)]
         trace["x"].append(row["index"])
@@ -112,16 +124,9 @@ def mfu_figure(rows: list[dict[str, Any]], baseline_mfu: float | None) -> dict[s
         best["x"].append(row["index"])
         best["y"].append(round(100 * row["best_so_far"], 3) if row["best_so_far"] is not None else None)
         best["text"].append("best so far")
-    shapes = []
-    if baseline_mfu is not None:
-        shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 100 * baseline_mfu,
-                       "y1": 100 * baseline_mfu, "line": {"dash": "dash", "color": "#57606a"}})
     layout = {"xaxis": {"title": {"text": "trial"}, "dtick": 1 if len(rows) <= 30 else None},
-              "yaxis": {"title": {"text": "MFU %"}}, "shapes": shapes,
-              "margin": {"t": 30, "r": 20, "b": 50, "l": 60}, "legend": {"orientation": "h", "y": 1.12},
-              "annotations": [] if baseline_mfu is None else [
-                  {"xref": "paper", "x": 1, "y": 100 * baseline_mfu, "text": "baseline", "showarrow": False,
-                   "xanchor": "right", "yanchor": "bottom", "font": {"color": "#57606a"}}]}
+              "yaxis": {"title": {"text": "MFU %"}}, **baseline_marks(baseline_mfu),
+              "margin": {"t": 30, "r": 20, "b": 50, "l": 60}, "legend": {"orientation": "h", "y": 1.12}}
     return {"data": traces, "layout": layout}
 
 

@@ -201,7 +201,8 @@ def job_page(request: Request, job_id: JobIdPath, store: StoreDep, who: Viewer) 
     live = {"job_id": job.id, "last_index": finished[-1].index if finished else 0,
             "last_event": store.last_event_seq(job_id),
             "baseline_mfu": baseline, "limit_gib": limit, "final": job.status.final and job.lease_owner is None,
-            "failure_y": charts.failure_floor(rows, baseline), "prediction_cap": charts.PREDICTION_CAP,
+            "failure_y": charts.failure_floor([row["mfu"] for row in rows], baseline),
+            "prediction_cap": charts.PREDICTION_CAP,
             "mfu_traces": list(charts.MFU_TRACES)}
     return templates.TemplateResponse(request, "job.html", {
         "who": who, "job": job, "line": _job_line(job, store.job_stats([job_id]).get(job_id), store.db_now()),
@@ -343,15 +344,19 @@ def _history_figure(points: list[dict[str, Any]], ticks: list[dict[str, Any]]) -
 @router.get("/ui/jobs/{job_id}/rows")
 def new_rows(job_id: JobIdPath, store: StoreDep, who: Viewer,
              after: Annotated[int, DIGITS, Query(ge=0, le=SQL_INT_MAX)] = 0) -> dict[str, Any]:
-    """Trial rows after index `after` (only what is new) and the job's status line."""
+    """Trial rows after index `after` (only what is new), the job's status line and stop reason, and what
+    the MFU chart's earlier points depend on: where failures sit, the baseline's line."""
     job = _job_or_404(store, job_id)
     trials = store.trials(job_id)
-    rows, _ = _rows(store, job, trials, after=after)
+    rows, baseline = _rows(store, job, trials, after=after)
+    mfus = [t.mfu if t.status is TrialStatus.OK else None for t in _done(trials)]
     report = job_report(store, job_id)
     best = None if report["best"] is None else {
         "trial": report["best"]["trial"], "mfu": report["best"]["mfu"], "megatron_args": report["best"]["megatron_args"],
         "improvement": report["improvement_over_baseline"]}
-    return {"rows": rows, "status": _status_text(job, store.db_now()), "final": job.status.final, "best": best}
+    return {"rows": rows, "status": _status_text(job, store.db_now()), "final": job.status.final, "best": best,
+            "stop_reason": job.stop_reason, "failure_y": charts.failure_floor(mfus, baseline),
+            "baseline_mfu": baseline, "baseline_marks": charts.baseline_marks(baseline)}
 
 
 @router.get("/ui/jobs/{job_id}/events", response_class=EventSourceResponse)

@@ -129,6 +129,22 @@ function followJob() {
   const memChart = document.getElementById("chart-memory");
   const body = document.querySelector("#trials-table tbody");
 
+  // What the chart's earlier points depend on, as the server now has it: failures sit just below the
+  // lowest MFU measured so far (a lower one may have come), and the baseline's line appears once its
+  // trial has run (the page may have opened before).
+  function followChart(update) {
+    const failed = live.mfu_traces.indexOf("failed");
+    if (update.failure_y !== live.failure_y) {
+      live.failure_y = update.failure_y;
+      const shown = mfuChart.data[failed].y.length;
+      if (shown) Plotly.restyle(mfuChart, { y: [new Array(shown).fill(live.failure_y)] }, [failed]);
+    }
+    if (live.baseline_mfu === null && update.baseline_mfu !== null) {
+      live.baseline_mfu = update.baseline_mfu;
+      Plotly.relayout(mfuChart, update.baseline_marks);
+    }
+  }
+
   async function refresh() {
     if (busy) { again = true; return; }
     busy = true;
@@ -137,6 +153,7 @@ function followJob() {
                                    { credentials: "same-origin", cache: "no-store" });
       if (!response.ok) return;
       const update = await response.json();
+      followChart(update);
       update.rows.forEach((r) => {
         if (r.index <= lastIndex) return;
         body.appendChild(trialRow(live.job_id, r));
@@ -151,6 +168,10 @@ function followJob() {
       });
       document.getElementById("trial-count").textContent = String(document.querySelectorAll("#trials-table tbody tr").length);
       if (update.best) showBest(live.job_id, update.best);
+      if (update.stop_reason) {
+        document.getElementById("stop-reason").textContent = visible(update.stop_reason);
+        document.getElementById("stop-box").hidden = false;
+      }
       const status = document.getElementById("job-status");
       status.textContent = update.status;
       status.className = "badge " + update.status.split(" ")[0];
