@@ -130,6 +130,22 @@ def parse_recompute(cell: str | None) -> Any:
     raise CellError(f"{text!r} is not none/selective/full")
 
 
+# How tables write a token dispatcher ('All-to-All', 'AllGather', 'DeepEP'), squashed -> the knob's value.
+_DISPATCHERS = {"alltoall": "alltoall", "a2a": "alltoall", "allgather": "allgather", "ag": "allgather",
+                "flex": "flex", "deepep": "flex", "hybridep": "flex"}
+
+
+def parse_dispatcher(cell: str | None) -> Any:
+    """'All-to-All' -> alltoall, 'allgather' -> allgather, 'DeepEP' / 'flex' -> flex."""
+    text = _text(cell)
+    if is_unknown(text):
+        return UNKNOWN
+    value = _DISPATCHERS.get(re.sub(r"[^a-z0-9]", "", _main(text)))
+    if value is None:
+        raise CellError(f"{text[:40]!r} is not allgather, alltoall or flex (DeepEP)")
+    return value
+
+
 def parse_result(cell: str | None) -> Any:
     text = _text(cell)
     if is_unknown(text):
@@ -282,7 +298,7 @@ _HEADER_SYNONYMS: dict[str, tuple[str, ...]] = {
     "tflops_per_gpu": ("tflops", "tflops_gpu", "model_tflops_per_gpu", "tflop_s_gpu", "tflops_per_sec_per_gpu",
                        "model_tflop_sec_gpu", "model_tflops_sec_gpu", "tflops_sec_gpu", "throughput_tflops"),
     "mfu": ("model_flops_utilization",),
-    "step_time_s": ("step_time", "iteration_time", "time_per_step", "iter_time", "step_time_sec",
+    "step_time_s": ("step_time", "iteration_time", "latency_per_iteration", "seconds_per_iteration", "time_per_step", "iter_time", "step_time_sec",
                     "time_per_iteration", "elapsed_time_per_iteration", "latency", "iteration_latency",
                     "step_latency", "time_per_global_step", "global_step_time"),
     "tokens_per_s_per_gpu": ("tgs", "tokens_per_sec_per_gpu", "tokens_s_gpu", "tokens_per_second_per_gpu",
@@ -295,6 +311,10 @@ _HEADER_SYNONYMS: dict[str, tuple[str, ...]] = {
     "cp": ("context_parallel", "context_parallelism", "context_parallel_size", "cp_size"),
     "ep": ("expert_parallel", "expert_parallelism", "expert_parallel_size", "ep_size"),
     "vpp": ("vp", "virtual_pipeline", "virtual_pipeline_parallel", "virtual_pipeline_size", "vp_size"),
+    # MoE settings tables state beside the layout (NeMo's 'Dispatcher' column); read as the row's
+    # Megatron arguments would state them, and over them.
+    "moe_token_dispatcher_type": ("dispatcher", "token_dispatcher", "moe_dispatcher", "moe_token_dispatcher"),
+    "moe_grouped_gemm": ("grouped_gemm",),
     # Read to refuse the row: Megatron-FSDP / FSDP2 shard more than the distributed optimizer.
     "fsdp": ("fsdp_size", "fsdp_degree", "megatron_fsdp", "fsdp2", "fully_sharded"),
     "source": ("reference", "ref", "citation", "url"),
@@ -315,15 +335,40 @@ def canonical_header(header: str) -> str | None:
         unit = header_unit(header)
         return "tflops_per_gpu" if "flop" in unit else "tokens_per_s_per_gpu" if "tok" in unit and "gpu" in unit \
             else None
-    if key in _HEADER_SYNONYMS:
-        return key
-    for column, names in _HEADER_SYNONYMS.items():
-        if key in names:
-            return column
-    for k in KNOBS:  # knob columns: the registry's csv name, field name, aliases, paper name
-        if k.csv and key in (k.csv, k.name, k.paper.lower(), *k.aliases):
-            return k.csv
+    for form in _header_forms(key):
+        if form in _HEADER_SYNONYMS:
+            return form
+        for column, names in _HEADER_SYNONYMS.items():
+            if form in names:
+                return column
+        for k in KNOBS:  # knob columns: the registry's csv name, field name, aliases, paper name
+            if k.csv and form in (k.csv, k.name, k.paper.lower(), *k.aliases):
+                return k.csv
     return None
+
+
+# How papers and READMEs spell what the synonyms name: a unit spelled out ('teraFLOP/s', 'TFLOP/sec'),
+# a qualifier before the quantity ('Achieved', 'total', 'paper-reported'), a count as 'Number of X'.
+_SPELLINGS = ((re.compile(r"teraflop"), "tflop"), (re.compile(r"tflops?_s(?:ec)?(?=_|$)"), "tflops"),
+              (re.compile(r"_iter$"), "_iteration"), (re.compile(r"flop_utili[sz]ation"), "flops_utilization"),
+              (re.compile(r"^(?:seconds|latency|time)_per_(?:iteration|step)$"), "step_time"))
+_QUALIFIER = re.compile(r"^(?:achieved|measured|reported|paper_reported|observed|average|avg|mean|total|training|"
+                        r"overall|effective)_")
+_COUNT_OF = re.compile(r"^(?:number_of|num_of|no_of|#_of|#|count_of)_")
+
+
+def _header_forms(key: str) -> list[str]:
+    """`key` as written, then with units spelled as the synonyms spell them, qualifiers dropped and
+    'number of X' read as X, in that order; the first form a column names wins."""
+    forms = [key]
+    form = key
+    for _ in range(3):  # 'total num. of GPUs': a qualifier, then a count
+        form = _QUALIFIER.sub("", form)
+        for pattern, replacement in _SPELLINGS:
+            form = pattern.sub(replacement, form)
+        form = _COUNT_OF.sub("", form)
+        forms.append(form)
+    return forms
 
 
 def header_unit(header: str) -> str:

@@ -84,7 +84,7 @@ from optico.errors import SpecError, loc_fields
 from optico.flops import flops_per_iteration
 from optico.gpus import GPUS, Precision, normalize_gpu_name
 from optico.input_files import read_text
-from optico.knobs import KNOBS
+from optico.knobs import BY_NAME, KNOBS
 from optico.parallel import ParallelDims
 from optico.replay_cells import (
     UNKNOWN,
@@ -95,6 +95,7 @@ from optico.replay_cells import (
     header_unit,
     is_unknown,
     parse_bool,
+    parse_dispatcher,
     parse_distributed_optimizer,
     parse_int,
     parse_number,
@@ -273,6 +274,23 @@ def _megatron_args(notes: str) -> dict[str, str] | None:
     return dict(re.findall(r"([a-z][a-z0-9-]*)=([^,;\s]+)", found.group(1)))
 
 
+def _moe_columns(p: _Parse, args: dict[str, str] | None) -> dict[str, str] | None:
+    """The row's Megatron arguments with what its MoE columns state (a dispatcher, grouped GEMM) over
+    them; a cell neither can read makes the row wrong."""
+    stated: dict[str, str] = {}
+    try:
+        dispatcher = parse_dispatcher(p.cells.get("moe_token_dispatcher_type"))
+        grouped = parse_bool(p.cells.get("moe_grouped_gemm"))
+    except CellError as err:
+        p.wrong(f"MoE setting {err}")
+        return args
+    if dispatcher is not UNKNOWN:
+        stated["moe-token-dispatcher-type"] = dispatcher
+    if grouped is not UNKNOWN:
+        stated["moe-grouped-gemm"] = str(grouped).lower()
+    return {**(args or {}), **stated} if stated else args
+
+
 def _attention_backend(args: dict[str, str] | None) -> AttentionBackend:
     """The run's attention backend as its arguments state it ('auto', Megatron-LM's default, if not)."""
     args = args or {}
@@ -361,14 +379,18 @@ def _squash(text: str) -> str:
 def preset_by_name(name: str) -> ModelArch | None:
     """The preset whose name the model name contains ('Nemotron-H 56b FP8' -> nemotron-h-56b,
     'DeepSeekV3' -> deepseek-v3); the longest such name wins. Else the one preset of the name's
-    family and size ('LLAMA3-405B' -> llama3.1-405b, 'Qwen3 MoE 30B' -> qwen3-30b-a3b)."""
+    family and size ('LLAMA3-405B' -> llama3.1-405b, 'Qwen3 MoE 30B' -> qwen3-30b-a3b), or of its family
+    without the generation when only one preset of any generation has that size ('Nemotron-15B', as
+    NeMo's tables name Nemotron-4 15B -> nemotron4-15b)."""
     squashed = _squash(name)
     found = [p for key, p in PRESETS.items() if _squash(key) and _squash(key) in squashed]
     if found:
         return max(found, key=lambda p: len(_squash(p.name)))
     sizes = set(re.findall(r"(?<![\d.])(\d+(?:\.\d+)?b)(?![a-z\d])", name.lower()))
-    alike = [p for key, p in PRESETS.items()
-             if (sized := _family_and_size(key)) and sized[0] in squashed and sized[1] in sizes]
+    sized = {key: found for key in PRESETS if (found := _family_and_size(key)) and found[1] in sizes}
+    alike = [PRESETS[key] for key, (family, _) in sized.items() if family in squashed]
+    if not alike:  # the family without its generation ('Nemotron-15B' -> nemotron4-15b), if only one
+        alike = [PRESETS[key] for key, (family, _) in sized.items() if family.rstrip("0123456789") in squashed]
     return alike[0] if len(alike) == 1 else None
 
 
@@ -459,8 +481,9 @@ def _build_model(p: _Parse, ints: dict[str, int | None], args: dict[str, str] | 
     if any(ints[k] is None for k in ARCHITECTURE):
         if by_name is None:
             missing = [k for k in ARCHITECTURE if ints[k] is None]
-            p.problems.append(f"missing required input(s): {', '.join(missing)} (and no preset matches the model "
-                              f"name {name!r})")
+            named = f"no preset matches the model name {name!r}" if p.text("model") else "no model name to find a " \
+                                                                                         "preset by"
+            p.problems.append(f"missing required input(s): {', '.join(missing)} (and {named})")
             return None
         p.inferred.append(f"architecture from preset {by_name.name}")
         return by_name
@@ -595,7 +618,9 @@ def _build_strategy(p: _Parse, ints: dict[str, int | None], args: dict[str, str]
         if ints[column]:
             data[key] = ints[column]
     if args:
-        data.update(_knob_args(args, model.num_layers, ints["pp"]))
+        stated = _knob_args(args, model.num_layers, ints["pp"])
+        # A dense model has no experts to dispatch: a table's 'All-to-All' on its row says nothing.
+        data.update({name: value for name, value in stated.items() if model.is_moe or not BY_NAME[name].moe_only})
     if tp == 1:
         # Megatron-LM's validate_args turns SP off with a warning at TP 1, so such a run had none.
         data["sequence_parallel"] = False
@@ -604,7 +629,12 @@ def _build_strategy(p: _Parse, ints: dict[str, int | None], args: dict[str, str]
 
 def _from_recipe(source: str) -> bool:
     """NeMo, Megatron-Bridge and DGX Cloud benchmark recipes (their performance configurations)."""
-    return bool(re.search(r"NeMo|Megatron-Bridge|dgxc-benchmarking", source))
+    return bool(_RECIPE_SOURCE.search(source))
+
+
+# Any spelling of the recipes' names, their docs' URLs included ('docs.nvidia.com/nemo-framework/...'),
+# but not a word that only starts like one ('Nemotron').
+_RECIPE_SOURCE = re.compile(r"\bnemo\b|megatron[-_ ]?bridge|dgxc[-_ ]?benchmarking|\bdgx[-_ ]?cloud\b", re.IGNORECASE)
 
 
 def _cluster(gpu_key: str, num_gpus: int) -> Cluster:
@@ -693,6 +723,7 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
     workload: Workload | None = None
     strategy: Strategy | None = None
     args = _megatron_args(notes)
+    args = _moe_columns(p, args)
     try:
         model = _build_model(p, ints, args)
         if model is not None:
@@ -811,6 +842,16 @@ def _split_only(w: Workload, s: Strategy) -> bool:
 
 # -- files ---------------------------------------------------------------------------------------
 
+# A cell quoted in a reason ("fsdp '1 (0)': ..."): its text is the row's, not the kind of problem.
+_QUOTED_CELL = re.compile(r"""\s*(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
+
+
+def reason_kind(reason: str) -> str:
+    """A skip reason's kind, to count rows by: its first clause up to a colon or a parenthesis, without
+    the cells it quotes ("fsdp '1 (0)': Megatron-FSDP ..." -> 'fsdp'; it read "fsdp '1")."""
+    return _QUOTED_CELL.sub("", reason.split(";")[0]).split(":")[0].split(" (")[0].strip()
+
+
 @dataclass
 class FileReport:
     """What was read from one file."""
@@ -836,7 +877,7 @@ class FileReport:
             self.unknown.update(row.unknown.keys())
         else:
             self.skipped += 1
-            self.reasons[row.skip_reason.split(";")[0].split(" (")[0].strip()] += 1
+            self.reasons[reason_kind(row.skip_reason)] += 1
             self.skipped_rows.append(f"{row.where}: {row.skip_reason}")
         self.inferred.update(re.sub(r"[\d,]+", "N", x) for x in row.inferred)
 

@@ -875,3 +875,57 @@ def test_a_cell_that_is_no_one_decimal_is_refused(cell: str) -> None:
 def test_a_unit_or_a_scale_after_a_decimal_is_still_read() -> None:
     assert parse_number("0 b") == 0 and parse_number("2b") == 2e9
     assert parse_number("0.5 ms", "s") == pytest.approx(0.0005)
+
+
+# -- published tables as papers and docs write them ----------------------------------------------
+
+@pytest.mark.parametrize("header, column", [
+    ("TFLOP/s per GPU", "tflops_per_gpu"), ("TFLOP/sec/GPU", "tflops_per_gpu"),
+    ("Achieved teraFLOP/s per GPU", "tflops_per_gpu"), ("Latency per iteration (s)", "step_time_s"),
+    ("paper-reported latency per iter. (s)", "step_time_s"), ("Seconds per iteration", "step_time_s"),
+    ("Training step time (seconds per step)", "step_time_s"), ("total num. of GPUs", "num_gpus"),
+    ("# of GPUs", "num_gpus"), ("Number of layers", "num_layers"), ("Number of attention heads", "num_attention_heads"),
+    ("Model FLOP Utilization", "mfu"), ("Dispatcher", "moe_token_dispatcher_type"),
+    ("Number of parameters (billion)", None), ("Total tokens", None),
+])
+def test_headers_as_papers_write_them(header: str, column: str | None) -> None:
+    """Megatron-LM's READMEs, the SC21 paper and NeMo's tables spell these so; each was ignored."""
+    from optico.replay_cells import canonical_header
+
+    assert canonical_header(header) == column
+
+
+def test_nemo_s_model_names_and_recipe_sources(tmp_path: Path) -> None:
+    """'Nemotron-15B' is NeMo's name for Nemotron-4 15B; a NeMo docs URL names the recipes (the check
+    was case-sensitive 'NeMo'); a 'Dispatcher' column sets the dispatcher, on MoE rows only."""
+    from optico.replay_csv import preset_by_name
+
+    assert preset_by_name("Nemotron-15B").name == "nemotron4-15b"
+    assert preset_by_name("Nemotron-340B").name == "nemotron4-340b"
+    assert preset_by_name("Llama-70B") is None  # several generations have a 70B: no guess
+    path = tmp_path / "nemo.csv"
+    path.write_text(
+        "Model,System,#-GPUs,Precision,Seq Length,GBS,MBS,TP,PP,CP,VP,EP,Dispatcher,Tokens / sec / GPU,Source\n"
+        "Mixtral-8x7B,DGX-H100,64,BF16,4096,256,1,1,4,1,8,8,All-to-All,8233,docs.nvidia.com/nemo-framework/perf\n"
+        "Mixtral-8x7B,DGX-H100,64,BF16,4096,256,1,1,4,1,8,8,AllGather,8233,\n"
+        "LLAMA3-8B,DGX-H100,8,BF16,8192,128,1,2,1,2,1,1,All-to-All,13812,Nemotron-4 report\n"
+        "Mixtral-8x7B,DGX-H100,64,BF16,4096,256,1,1,4,1,8,8,pigeon,8233,\n")
+    recipe, stated, dense, wrong = read_replay_csv(path)
+    assert (recipe.strategy.moe_token_dispatcher_type, recipe.strategy.moe_grouped_gemm) == ("alltoall", True)
+    assert recipe.strategy.overlap_grad_reduce  # the recipe's settings, from its docs URL
+    assert (stated.strategy.moe_token_dispatcher_type, stated.strategy.moe_grouped_gemm) == ("allgather", False)
+    assert dense.strategy.moe_token_dispatcher_type == "allgather"  # no experts to dispatch
+    assert not dense.strategy.sequence_parallel  # 'Nemotron' is no NeMo recipe
+    assert wrong.malformed and "'pigeon' is not allgather, alltoall or flex" in wrong.skip_reason
+
+
+def test_a_skip_reason_is_counted_by_its_kind_not_its_quoted_cell(tmp_path: Path) -> None:
+    """"fsdp '1 (0)': ..." was counted as "fsdp '1" and shown "fsdp '1 (2)", a cell it never held."""
+    from optico.replay_csv import reason_kind
+
+    assert reason_kind("fsdp '1 (0)': Megatron-FSDP / FSDP2 shard more than the optimizer; x") == "fsdp"
+    assert reason_kind("tp '1' is larger than any count") == "tp is larger than any count"
+    path = tmp_path / "no-model.csv"
+    path.write_text("GPU,GPUs,TP,PP,Layers,MFU\nA100,8,1,1,,40%\n")
+    (row,) = read_replay_csv(path)
+    assert "no model name to find a preset by" in row.skip_reason and "custom" not in row.skip_reason

@@ -34,7 +34,8 @@ from scipy.stats import spearmanr
 
 from optico.perfmodel.constants import Constants, load_constants
 from optico.perfmodel.model import Prediction, predict
-from optico.replay_csv import ReplayRow, measured_mfu, read_replay_csv, software, tuned_throughput, variants
+from optico.replay_csv import (ReplayRow, measured_mfu, read_replay_csv, reason_kind, software, tuned_throughput,
+                               variants)
 
 
 @dataclass
@@ -116,11 +117,6 @@ def _memory_as_measured(row: ReplayRow, pred: Prediction) -> float:
     return total
 
 
-def _reason_key(reason: str) -> str:
-    """Groups skip reasons by their first clause, so counts stay readable."""
-    return reason.split(";")[0].split(":")[0].split(" (")[0].strip()
-
-
 # A figure of a row with unknown cells is scored only when all their plausible values agree on it
 # within this relative spread (the row then says something whatever the unknown was).
 AGREE = 0.05
@@ -177,7 +173,7 @@ def score_rows(rows: list[ReplayRow], c: Constants, on_row: Callable[[], None] |
             on_row()
         if not row.read or row.workload is None or row.strategy is None:
             scores.skipped += 1
-            key = _reason_key(row.skip_reason or "incomplete")
+            key = reason_kind(row.skip_reason or "incomplete")
             scores.skip_reasons[key] = scores.skip_reasons.get(key, 0) + 1
             continue
         figures = row_figures(row, c)
