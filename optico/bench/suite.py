@@ -90,7 +90,7 @@ def select_landscapes(suite: Suite = "all", files: Sequence[str | Path] = (), on
     line: the user named the file to benchmark it), raises SpecError too. (A workload the tuner's
     calibration saw is a landscape, refused when built: reported as skipped.)"""
     if suite not in ("all", "independent", "out-of-form", "real", "self", "sim", "replay"):
-        raise ValueError(f"--suite: {suite!r} is not one of all, independent, out-of-form, real, self")
+        raise ValueError(f"--suite: {suite!r} is not one of all, independent, out-of-form, real, self, sim, replay")
     # The named files first: a file that cannot be read is refused before any suite work.
     named = [d for f in files for d in _file_defs(Path(f), strict)]
     seed = landscape_seed(dev)

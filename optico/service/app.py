@@ -140,6 +140,9 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
         # which would read as a database outage): refused where it comes in, naming the parameter.
         where = _nul_parameter(request)
         if where is not None:
+            refused = await _unauthenticated_api_call(request)  # the token first, as for every bad request
+            if refused is not None:
+                return refused
             return JSONResponse({"detail": [{"loc": list(where), "msg": "contains a NUL character",
                                              "type": "value_error"}]},
                                 status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)

@@ -485,6 +485,9 @@ def test_odd_but_well_formed_requests_get_4xx_not_500(served: tuple[Service, dic
         response = http.get(path)
         assert response.status_code == 422, (path, response.status_code, response.text[:200])
         assert response.json()["detail"][0]["msg"] == "contains a NUL character"
+        # Without a token, the token is what is wrong first (it answered the NUL, to anyone).
+        anonymous = httpx.get(f"{service.url}{path}")
+        assert anonymous.status_code == 401 and anonymous.headers["WWW-Authenticate"] == "Bearer", path
     # Non-finite numbers in a body: FastAPI's 422 echoed them, and JSON cannot carry them (a 500).
     job = submit(http, spec("odd-requests", max_trials=1)).json()
     for body in ('{"gpu_hours": 1e400}', '{"gpu_hours": NaN}', '{"max_trials": true}', '{"max_trials": "5"}'):
