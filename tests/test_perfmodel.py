@@ -4,6 +4,7 @@ agrees with the OptiCo paper's measured table."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -140,6 +141,13 @@ def test_evaluate_takes_several_files_after_one_data_flag():
     files = json.loads(proc.stdout)["files"]
     assert set(files) == {"optico_llama3_8b_a100.csv", "h100-llama-1b.csv"}
     assert files["h100-llama-1b.csv"]["rows"] >= 20
+    # How many rows each figure rests on: an MFU error of one scored row read as one of ten.
+    scored = json.loads(proc.stdout)["details"]["optico_llama3_8b_a100.csv"]["scored"]
+    assert 0 < scored["mfu"] < files["optico_llama3_8b_a100.csv"]["read"] == scored["oom"]  # OOM rows: no MFU
+    shown = subprocess.run(optico_cmd("perfmodel", "evaluate", "--data", str(PACKAGED_OPTICO_CSV)),
+                           capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert f"optico_llama3_8b_a100.csv: figures rest on {scored['oom']} rows (fit/OOM), {scored['mfu']} (MFU)" \
+        in shown.stdout
 
 
 def test_gradient_buffer_dtype_follows_megatron_lm_unless_the_workload_says():

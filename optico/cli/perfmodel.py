@@ -23,7 +23,11 @@ perf_app = typer.Typer(no_args_is_help=True, help="The analytic performance mode
 
 
 def _figures_table(title: str, report: dict[str, Any]) -> Table:
-    table = Table("file", "rows", "read", "OOM/fit acc.", "MFU MdAPE", "mem MdAPE", "Spearman", title=title)
+    # Whole names, wrapped: cut to 'megatron_…', two files could not be told apart.
+    table = Table(title=title)
+    table.add_column("file", overflow="fold", min_width=10)
+    for figure in ("rows", "read", "OOM/fit acc.", "MFU MdAPE", "mem MdAPE", "Spearman"):
+        table.add_column(figure)
 
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{x:.1%}"
@@ -35,6 +39,16 @@ def _figures_table(title: str, report: dict[str, Any]) -> Table:
                       pct(f["oom_accuracy"]), pct(f["mfu_median_ape"]), pct(f["mem_median_ape"]),
                       "-" if f["spearman"] is None else f"{f['spearman']:.2f}")
     return table
+
+
+def _scored_line(name: str, report: dict[str, Any]) -> str | None:
+    """How many rows each figure of a file rests on: a row with unknown cells is scored only on what
+    all its plausible values agree on, and a row that did not run has no MFU, so 'read' is not that."""
+    scored = report.get("details", {}).get(name, {}).get("scored")
+    if scored is None:
+        return None
+    return (f"{name}: figures rest on {scored['oom']} rows (fit/OOM), {scored['mfu']} (MFU), "
+            f"{scored['mem']} (memory)")
 
 
 def _calibration(path: Path, option: str):
@@ -137,10 +151,12 @@ def perfmodel_evaluate(
                              for line in file_report.text(max_rows=20).split("\n"))
             console.print(text, highlight=False, markup=False, emoji=False)
     if as_json:
-        print(redact(json.dumps({"files": report["files"], "overall": report["overall"]}, indent=2)))
+        print(redact(json.dumps({"files": report["files"], "overall": report["overall"],
+                                 "details": report["details"]}, indent=2)))
         return
     console.print(_figures_table("performance model vs measurements", report))
     for name, d in report["details"].items():
+        console.print(f"[dim]{markup(redact(_scored_line(name, report)))}[/]", highlight=False)
         if d["skip_reasons"]:
             reasons = ", ".join(f"{k} ({v})" for k, v in list(d["skip_reasons"].items())[:4])
             console.print(f"[dim]{markup(redact(name))}: skipped — {markup(redact(reasons))}[/]", highlight=False)
@@ -283,6 +299,7 @@ def perfmodel_crossvalidate(
         except OSError as exc:
             _write_failed(out, "--out", exc)
     if as_json:
-        print(redact(json.dumps({"files": report["files"], "overall": report["overall"]}, indent=2)))
+        print(redact(json.dumps({"files": report["files"], "overall": report["overall"],
+                                 "details": report["details"]}, indent=2)))
         return
     console.print(_figures_table("leave-one-source-out (each file scored by constants fitted without it)", report))
