@@ -443,7 +443,7 @@ class _Parse:
         """'31737 (30341)', '1 (2)': two figures in one cell; the first is read, and the row says so."""
         cell = self.cells.get(name) or ""
         if re.search(r"\d.*\(\s*[-+]?\d", cell):
-            self.inferred.append(f"{name} {cell.strip()[:40]!r}: the first figure read, the one in parentheses not")
+            self.inferred.append(f"{name} {cell.strip()[:40]!r}: {_FIRST_OF_PAIR}")
 
     def integer(self, name: str) -> int | None:
         self._paired(name)
@@ -960,26 +960,63 @@ def _read_rows(path: Path, text: str, defaults: ReplayDefaults, strict: bool) ->
                 break
             if not any(cell.strip() for cell in record):
                 continue  # a blank line
-            if len(rows) >= MAX_CSV_ROWS:
-                raise ReplayError(f"{path}: more than {MAX_CSV_ROWS:,} rows; a replay CSV may have at most that")
             cells = {column: value for column, value in zip(columns, record) if column is not None}
-            row = parse_row(cells, path.name, start, defaults, units)
-            if memory_measure:
-                row = row.model_copy(update={"memory_measure": memory_measure})
-            if any(cell.strip() for cell in record[len(header):]):  # empty ones: a trailing comma, harmless
-                shifted = (f"{len(record)} fields against the header's {len(header)} (an unquoted comma in a "
-                           f"cell shifts every cell after it)")
-                row = row.model_copy(update={"skip_reason": "; ".join(filter(None, [shifted, row.skip_reason])),
-                                             "malformed": [shifted, *row.malformed]})
-            elif len(record) < len(header):  # read with its missing cells unknown, but not a whole record
-                row = row.model_copy(update={"malformed": [
-                    f"{len(record)} fields against the header's {len(header)} (a row cut short, or a quote "
-                    f"left open)", *row.malformed]})
-            if strict and not row.read:
-                raise ReplayError(f"{row.where}: {row.skip_reason}")
-            rows.append(row)
-            report.add(row)
+            for row in _runs_of(cells, path.name, start, defaults, units):
+                if len(rows) >= MAX_CSV_ROWS:
+                    raise ReplayError(f"{path}: more than {MAX_CSV_ROWS:,} rows; a replay CSV may have at most that")
+                rows.append(_checked(row, record, header, memory_measure, strict))
+                report.add(rows[-1])
     return rows, report
+
+
+def _checked(row: ReplayRow, record: list[str], header: list[str], memory_measure: str, strict: bool) -> ReplayRow:
+    """`row` with what its record's shape says: more fields than the header (shifted cells) skip it,
+    fewer mark it malformed; with `strict` a row that cannot be used is an error."""
+    if memory_measure:
+        row = row.model_copy(update={"memory_measure": memory_measure})
+    if any(cell.strip() for cell in record[len(header):]):  # empty ones: a trailing comma, harmless
+        shifted = (f"{len(record)} fields against the header's {len(header)} (an unquoted comma in a "
+                   f"cell shifts every cell after it)")
+        row = row.model_copy(update={"skip_reason": "; ".join(filter(None, [shifted, row.skip_reason])),
+                                     "malformed": [shifted, *row.malformed]})
+    elif len(record) < len(header):  # read with its missing cells unknown, but not a whole record
+        row = row.model_copy(update={"malformed": [
+            f"{len(record)} fields against the header's {len(header)} (a row cut short, or a quote "
+            f"left open)", *row.malformed]})
+    if strict and not row.read:
+        raise ReplayError(f"{row.where}: {row.skip_reason}")
+    return row
+
+
+# A cell holding two runs' figures, NeMo's way: '1 (0)', '31737 (30341)'.
+_PAIR = re.compile(r"\s*([^()]*?\d[^()]*?)\s*\(\s*([-+]?\d[^()]*?)\s*\)\s*")
+# The cells that say what a run measured, and those that say what ran: only these pair two runs
+# (a model name 'Llama3 (8B)' is one name).
+_MEASUREMENTS = frozenset({*_MEASURED_UNITS, "tflops_per_gpu", "tokens_per_s_per_gpu"})
+_LAYOUT_COUNTS = frozenset({*_INT_CELLS, "fsdp"})
+_FIRST_OF_PAIR = "the first figure read, the one in parentheses not"
+
+
+def _runs_of(cells: dict[str, str], file: str, line: int, defaults: ReplayDefaults, units: dict[str, str]
+             ) -> list[ReplayRow]:
+    """The row, or two when a configuration cell pairs two runs (NeMo's summaries: FSDP '1 (0)', TP
+    '1 (2)', tokens/s '4066 (2605)'): the first run's figures, then the second's — each paired cell's
+    figure in parentheses, the cells it shares, and none of the first run's single measurements (a
+    step time given once belongs to the first). Measurements alone paired are one configuration
+    measured twice: one row, its first figures."""
+    paired = {column: found for column, cell in cells.items()
+              if column in _MEASUREMENTS | _LAYOUT_COUNTS and (found := _PAIR.fullmatch(cell or ""))}
+    first = parse_row(cells, file, line, defaults, units)
+    if not paired.keys() & _LAYOUT_COUNTS:
+        return [first]
+    second = {column: paired[column].group(2) if column in paired else "" if column in _MEASUREMENTS else cell
+              for column, cell in cells.items()}
+    row = parse_row(second, file, line, defaults, units)
+    said = [note.replace(_FIRST_OF_PAIR, "the first run's figure (the second run's is the next row)")
+            for note in first.inferred]
+    return [first.model_copy(update={"inferred": said}),
+            row.model_copy(update={"inferred": ["the second run of its paired cells (the figures in parentheses)",
+                                                *row.inferred]})]
 
 
 def read_replay_csv(path: str | Path, defaults: ReplayDefaults | None = None, *, strict: bool = False

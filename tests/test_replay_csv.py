@@ -812,10 +812,16 @@ def test_a_nemo_summary_as_published_reads_fsdp_pairs_and_names(tmp_path: Path) 
         "LLAMA3-405B,DGX-GB200,FP8,128,64,1,8192,0,4,8,2,8,1,32,706,1854,6.0\n"
         "Qwen3 MoE 30B,DGX-GB200,FP8,8,512,4,4096,0,1,1,1,1,8,16,12040,277,21.8\n")
     rows, report = read_replay_file(path)
-    small, fsdp, big, moe = rows
+    small, fsdp, unsharded, big, moe = rows
     assert small.usable and small.tflops_per_gpu == pytest.approx(1838) and small.step_time_s == pytest.approx(4.1)
     assert any("the first figure read" in note for note in small.inferred)  # '31737 (30341)' is said, not hidden
     assert not fsdp.read and fsdp.skip_reason.startswith("fsdp "), fsdp.skip_reason  # sharded: not modelled
+    # The pair's second run (FSDP 0, TP 2, PP 4, CP 2, VP 5) is an ordinary configuration: it was lost.
+    assert unsharded.usable and unsharded.line == fsdp.line, unsharded.skip_reason
+    s2 = unsharded.strategy
+    assert (s2.tp, s2.pp, s2.context_parallel_size, s2.vpp) == (2, 4, 2, 5)
+    assert unsharded.tflops_per_gpu == pytest.approx(1254) and unsharded.step_time_s is None  # 4.0 s was the first's
+    assert unsharded.inferred[0].startswith("the second run")
     assert big.read and big.workload.model.name == "llama3.1-405b", big.skip_reason  # NeMo's spelling of it
     assert moe.read and moe.workload.model.name == "qwen3-30b-a3b", moe.skip_reason
     assert {"Model TFLOPs/sec/GPU", "Time per Global Step (s)", "FSDP"} <= set(report.renamed_columns)
