@@ -1002,13 +1002,13 @@ def _runs_of(cells: dict[str, str], file: str, line: int, defaults: ReplayDefaul
     """The row, or two when a configuration cell pairs two runs (NeMo's summaries: FSDP '1 (0)', TP
     '1 (2)', tokens/s '4066 (2605)'): the first run's figures, then the second's — each paired cell's
     figure in parentheses, the cells it shares, and none of the first run's single measurements (a
-    step time given once belongs to the first). Measurements alone paired are one configuration
-    measured twice: one row, its first figures."""
+    step time given once belongs to the first). Measurements alone paired, or layout cells pairing a
+    figure with itself, are one configuration measured twice: one row, its first figures."""
     paired = {column: found for column, cell in cells.items()
               if column in _MEASUREMENTS | _LAYOUT_COUNTS and (found := _PAIR.fullmatch(cell or ""))}
     first = parse_row(cells, file, line, defaults, units)
-    if not paired.keys() & _LAYOUT_COUNTS:
-        return [first]
+    if all(paired[c].group(1) == paired[c].group(2) for c in paired.keys() & _LAYOUT_COUNTS):
+        return [first]  # no layout cell differs between the runs (or none pairs): one configuration
     second = {column: paired[column].group(2) if column in paired else "" if column in _MEASUREMENTS else cell
               for column, cell in cells.items()}
     row = parse_row(second, file, line, defaults, units)

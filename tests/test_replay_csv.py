@@ -935,3 +935,11 @@ def test_a_skip_reason_is_counted_by_its_kind_not_its_quoted_cell(tmp_path: Path
     path.write_text("GPU,GPUs,TP,PP,Layers,MFU\nA100,8,1,1,,40%\n")
     (row,) = read_replay_csv(path)
     assert "no model name to find a preset by" in row.skip_reason and "custom" not in row.skip_reason
+
+
+def test_a_name_with_a_number_in_parentheses_is_one_run(tmp_path: Path) -> None:
+    path = tmp_path / "names.csv"
+    path.write_text("Model,GPU,GPUs,TP,PP,MBS,GBS,Seq Len,MFU\n"
+                    "Llama3-8B (8B),H100,8 (8),2,1,1,128,8192,40% (38%)\n")
+    (row,) = read_replay_csv(path)  # GPUs '8 (8)': both runs on the same layout, one configuration
+    assert row.workload.model.name == "llama3-8b" and row.mfu == pytest.approx(0.40)
