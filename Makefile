@@ -23,6 +23,7 @@ $(VENV)/.installed-bench: $(VENV)/.installed
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[bench]"
 	$(BIN)/pip install -q --no-deps "llm-analysis==0.2.2" && $(BIN)/pip install -q "fire>=0.5,<0.6"
+	@echo "(pip's ERROR that llm-analysis requires transformers and huggingface-hub is expected: it is installed without them, which the benchmark does not use)"
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed-bench

@@ -221,11 +221,14 @@ def _pct(x: float | None) -> str:
 
 def _md(text: str | None) -> str:
     """Untrusted text in a Markdown line or table cell: one line; control, escape and bidi characters
-    shown as visible escapes (a report is read in terminals too); no pipes, no HTML, no links."""
+    shown as visible escapes (a report is read in terminals too); no pipes, no HTML, no links. A '>'
+    opens no tag: it stays as written ('step 130 s -> 128 s' read '-&gt;' in a terminal), escaped only
+    where it would start a quote."""
     flat = terminal_text(" ".join((text or "").split()), one_line=True)
     for char in ("\\", "|", "[", "]"):
         flat = flat.replace(char, "\\" + char)
-    return flat.replace("<", "&lt;").replace(">", "&gt;").replace("`", "'")
+    flat = flat.replace("<", "&lt;").replace("`", "'")
+    return "\\" + flat if flat.startswith(">") else flat
 
 
 def report_markdown(report: dict[str, Any]) -> str:

@@ -289,3 +289,11 @@ def test_a_diagnosis_is_shown_with_its_confidence_once():
                    confidence=100)
     assert paper.described() == paper.summary
     assert lost.described() == "lost: the worker running it stopped (Confidence: 100)"
+
+
+def test_a_converged_stop_states_a_gain_visibly_below_its_threshold():
+    from optico.agents.stopping import converged_text
+
+    text = converged_text(10, 0.000996, 0.495, 0.001)
+    assert "gain 0.0996% over the best (49.5% MFU, smoothed) — below 0.1%" in text  # it read "0.10% ... below 0.1%"
+    assert "gain 0.31% over" in converged_text(4, 0.0031, 0.6, 0.005) and "below 0.5%" in converged_text(4, 0.0031, 0.6, 0.005)

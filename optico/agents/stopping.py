@@ -46,11 +46,17 @@ def converged(model: JobModel, guard: Guard, pool: Sequence[Strategy], trials: l
             return None  # the budget itself ends the job
         gain = acquisition.expected_gain_of_launches(model, admissible, best, k)
         if gain < budget.converge_tol * best:
-            return (f"converged: the next {k} launches are expected to gain {gain / best:.2%} over the best "
-                    f"({best:.1%} MFU, smoothed) — below {budget.converge_tol:.1%}")
+            return converged_text(k, gain / best, best, budget.converge_tol)
         return None
     top = max(model.expected_mfu(s) for s in admissible)
     if top < best * (1 + budget.converge_tol):
         return (f"converged: the best untried configuration is predicted at {top:.1%} MFU, no better than "
                 f"the best {best:.1%} (+{budget.converge_tol:.1%})")
     return None
+
+
+def converged_text(launches: int, gain_share: float, best: float, tol: float) -> str:
+    """The stop reason of an expected gain below the threshold: the gain to three significant digits,
+    the threshold as set ('gain 0.10 % ... below 0.1 %' read as a contradiction)."""
+    return (f"converged: the next {launches} launches are expected to gain {100 * gain_share:.3g}% over the "
+            f"best ({best:.1%} MFU, smoothed) — below {100 * tol:g}%")

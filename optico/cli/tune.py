@@ -180,7 +180,7 @@ def _where_files_go(spec: JobSpec, url: str, job_id: int) -> None:
         from optico.launchers.local import default_runs_dir
 
         root = Path(spec.launcher.run_dir).expanduser() if spec.launcher.run_dir else default_runs_dir()
-        files = "stdout.log, stderr.log" if kind == "local" else "output.log"
+        files = "stdout.log, stderr.log, command.txt" if kind == "local" else "output.log"
         where = f"{root}/job{job_id}-trial<N>/ ({files})"
     else:
         where = f"none: the {kind} launcher starts no process"

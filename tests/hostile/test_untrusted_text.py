@@ -127,3 +127,12 @@ def test_a_path_ending_in_a_secret_word_is_not_a_secret_assignment():
     assert redact(r"C:\secret: must exist") == r"C:\secret: must exist"
     assert "hunter22" not in redact("password: hunter22") and "hunter22" not in redact("db passwd=hunter22")
     assert "hunter22" not in redact('{"secret": "hunter22"}')
+
+
+def test_a_markdown_cell_keeps_an_arrow_and_still_opens_no_tag():
+    # 'predicted step 130 s -> 128 s' read '-&gt;' in a terminal; a '<' still opens no tag.
+    from optico.report import _md
+
+    assert _md("predicted step 130 s -> 128 s") == "predicted step 130 s -> 128 s"
+    assert _md("<script>x</script>") == "&lt;script>x&lt;/script>"
+    assert _md("> not a quote") == "\\> not a quote"
