@@ -169,11 +169,13 @@ class _PinnedHTTPS(urllib.request.HTTPSHandler):
 
 
 def _opener(url: str) -> urllib.request.OpenerDirector:
-    """Straight to the checked address; through the proxy where the environment names one for it."""
-    addresses = _checked_addresses(url)
+    """Straight to the checked address; through the proxy where the environment names one for it,
+    without a lookup here: the proxy resolves the name (a network whose hosts reach the outside only
+    through it often cannot resolve outside names at all), and its policy decides."""
     parts = urlsplit(url)
     if urllib.request.getproxies().get(parts.scheme) and not urllib.request.proxy_bypass(parts.hostname or ""):
         return urllib.request.build_opener(_NoRedirects())
+    addresses = _checked_addresses(url)
     return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects(), _PinnedHTTP(addresses),
                                        _PinnedHTTPS(addresses))
 

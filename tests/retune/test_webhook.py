@@ -156,3 +156,6 @@ def test_through_a_proxy_the_proxy_gets_the_request(server: str, monkeypatch: py
     _answers(monkeypatch, "hooks.example.test", "192.0.2.1")
     assert post("http://hooks.example.test/hook", {"x": 1}, timeout_s=5.0) == 204
     assert [r["path"] for r in _Receiver.received] == ["http://hooks.example.test/hook"]
+    # A name this machine cannot resolve (only the proxy can): it was looked up here first, and failed.
+    assert post("http://hooks.only-the-proxy-knows.invalid/hook", {"x": 1}, timeout_s=5.0) == 204
+    assert _Receiver.received[-1]["path"] == "http://hooks.only-the-proxy-knows.invalid/hook"
