@@ -274,6 +274,14 @@ def _megatron_args(notes: str) -> dict[str, str] | None:
     return dict(re.findall(r"([a-z][a-z0-9-]*)=([^,;\s]+)", found.group(1)))
 
 
+def _says_oom(cell: str | None) -> bool:
+    """A measurement cell that holds the run's outcome, out of memory, instead of a figure."""
+    try:
+        return parse_result(cell) == "oom"
+    except CellError:
+        return False
+
+
 def _moe_columns(p: _Parse, args: dict[str, str] | None) -> dict[str, str] | None:
     """The row's Megatron arguments with what its MoE columns state (a dispatcher, grouped GEMM) over
     them; a cell neither can read makes the row wrong."""
@@ -697,6 +705,10 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
     except CellError as err:
         p.wrong(f"result {err}")
         result = "error"
+    said_oom = next((k for k in MEASURED if _says_oom(cells.get(k))), None)
+    if result is UNKNOWN and said_oom:  # BLOOM's logs: 'OOM' where the memory would be
+        result = "oom"
+        p.inferred.append(f"result oom (its {said_oom} cell says so)")
     if result is UNKNOWN:
         if any(measured[k] is not None for k in ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu")):
             result = "ok"

@@ -892,6 +892,7 @@ def test_a_unit_or_a_scale_after_a_decimal_is_still_read() -> None:
     ("Training step time (seconds per step)", "step_time_s"), ("total num. of GPUs", "num_gpus"),
     ("# of GPUs", "num_gpus"), ("Number of layers", "num_layers"), ("Number of attention heads", "num_attention_heads"),
     ("Model FLOP Utilization", "mfu"), ("Dispatcher", "moe_token_dispatcher_type"),
+    ("NHEADS", "num_attention_heads"), ("NHIDDEN", "hidden_size"), ("Sec/it", "step_time_s"), ("Glob-BS", "gbs"),
     ("Number of parameters (billion)", None), ("Total tokens", None),
 ])
 def test_headers_as_papers_write_them(header: str, column: str | None) -> None:
@@ -943,3 +944,15 @@ def test_a_name_with_a_number_in_parentheses_is_one_run(tmp_path: Path) -> None:
                     "Llama3-8B (8B),H100,8 (8),2,1,1,128,8192,40% (38%)\n")
     (row,) = read_replay_csv(path)  # GPUs '8 (8)': both runs on the same layout, one configuration
     assert row.workload.model.name == "llama3-8b" and row.mfu == pytest.approx(0.40)
+
+
+def test_an_oom_written_where_a_figure_would_be_is_the_row_s_result(tmp_path: Path) -> None:
+    """BLOOM's topology search logs 'OOM' in its memory column and leaves the rest empty: the row was
+    skipped as 'no result and no measurement', and a landscape lost its failures."""
+    path = tmp_path / "bloom.csv"
+    path.write_text("Model,NLAYERS,NHIDDEN,NHEADS,Seq,GPUs,GPU,TP,PP,MBS,GBS,Mem,Sec/it,TFLOPs\n"
+                    "bloom-181b,72,14336,64,2048,384,A100-80GB,4,12,2,2048,OOM,,\n"
+                    "bloom-181b,72,14336,64,2048,384,A100-80GB,4,12,1,2048,79GB,102,141\n")
+    oom, ok = read_replay_csv(path)
+    assert oom.read and oom.result == "oom" and "result oom (its mem_max_gib cell says so)" in oom.inferred
+    assert ok.result == "ok" and ok.step_time_s == pytest.approx(102)

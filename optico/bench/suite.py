@@ -149,10 +149,12 @@ def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
     broken = _malformed_text(path, rows)
     unusable = _unusable_text(path, rows)
     if not found:
+        read = sum(row.read for row in rows)
         reason = (f"{path} has no workload with enough measured configurations (at least {MIN_REPLAY_CONFIGS} "
-                  f"usable rows of one workload, one of them a run that finished)")
-        if strict:  # one line: the refusal says what was broken too
-            raise SpecError(OPTION, f"{reason}; {broken}" if broken else reason)
+                  f"usable rows of one workload, one of them a run that finished; {read} of its {len(rows)} rows "
+                  f"read)")
+        if strict:  # one line: the refusal says what was broken, and what was left out, too
+            raise SpecError(OPTION, "; ".join(filter(None, [reason, broken, unusable])))
         print(terminal_text(f"warning: {OPTION}: {reason}; skipped", one_line=True), file=sys.stderr)
     elif strict:
         from optico.redact import redact

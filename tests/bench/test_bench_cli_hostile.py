@@ -274,6 +274,22 @@ def test_a_refused_table_is_one_line_that_says_what_was_broken(tmp_path: Path, c
     assert "\n" not in str(exc.value) and capsys.readouterr().err == ""
 
 
+def test_a_refused_table_says_how_many_rows_were_read_and_why_the_rest_were_not(tmp_path: Path):
+    # Every row without a head count (BLOOM's 'NHEADS' was an unknown header): the refusal named
+    # neither that no row was read nor why.
+    with PACKAGED.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    path = tmp_path / "headless.csv"
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, [c for c in rows[0] if c != "num_attention_heads"], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({**row, "model": "mystery-net", "gbs": "1024"} for row in rows)
+    with pytest.raises(SpecError, match=r"0 of its \d+ rows read\).*left out \(first headless.csv:2: "
+                                        r"missing required input\(s\): num_attention_heads") as exc:
+        select_landscapes("replay", [path], strict=True)
+    assert "\n" not in str(exc.value)
+
+
 def test_a_file_name_with_escapes_gives_an_escaped_landscape_name(tmp_path: Path):
     defs = replay_defs(write_table(tmp_path / "t\x1b[31m\nx.csv"))
     assert defs and all("\x1b" not in d.name and "\n" not in d.name for d in defs)
