@@ -103,6 +103,7 @@ from optico.replay_cells import (
 )
 from optico.replay_cells import parse_precision as _parse_precision_cell
 from optico.replay_cells import parse_recompute as _parse_recompute_cell
+from optico.redact import clip
 from optico.rules import violations
 from optico.strategy import Strategy
 from optico.workload import PRESETS, AttentionBackend, Cluster, ModelArch, Workload
@@ -880,18 +881,22 @@ class FileReport:
     renamed_columns: dict[str, str] = field(default_factory=dict)  # header as written -> replay column
     ignored_columns: list[str] = field(default_factory=list)
     skipped_rows: list[str] = field(default_factory=list)  # "file:line: reason"
+    hardware_flops: int = 0  # rows read whose TFLOP/s count the recompute pass (see counts_recompute)
 
     def add(self, row: ReplayRow) -> None:
         self.rows += 1
         if row.read:
             self.read += 1
+            self.hardware_flops += int(row.counts_recompute and row.strategy is not None
+                                       and row.strategy.recompute == "full"
+                                       and (row.tflops_per_gpu is not None or row.mfu is not None))
             self.complete += int(not row.unknown)
             self.unknown.update(row.unknown.keys())
         else:
             self.skipped += 1
             self.reasons[reason_kind(row.skip_reason)] += 1
             self.skipped_rows.append(f"{row.where}: {row.skip_reason}")
-        self.inferred.update(re.sub(r"[\d,]+", "N", x) for x in row.inferred)
+        self.inferred.update(_QUOTED_CELL.sub("", x) for x in row.inferred)  # counted by kind, not by cell
 
     def text(self, max_rows: int = 5) -> str:
         lines = [f"{self.file}: {self.rows} rows, {self.read} read ({self.complete} complete, "
@@ -904,6 +909,12 @@ class FileReport:
             lines.append("  columns ignored: " + ", ".join(self.ignored_columns))
         if self.unknown:
             lines.append("  unknown cells: " + ", ".join(f"{k} ({n})" for k, n in self.unknown.most_common()))
+        if self.hardware_flops:
+            lines.append(f"  TFLOP/s and MFU read as hardware FLOPs (the recompute pass counted, as the source or "
+                         f"notes say) on {self.hardware_flops} rows")
+        if self.inferred:
+            lines.append("  derived or assumed: " + "; ".join(f"{clip(k, 100)} ({n})"
+                                                           for k, n in self.inferred.most_common(8)))
         for reason, n in self.reasons.most_common():
             lines.append(f"  skipped {n}: {reason}")
         lines += [f"    {x}" for x in self.skipped_rows[:max_rows]]
@@ -1024,7 +1035,7 @@ def _runs_of(cells: dict[str, str], file: str, line: int, defaults: ReplayDefaul
     second = {column: paired[column].group(2) if column in paired else "" if column in _MEASUREMENTS else cell
               for column, cell in cells.items()}
     row = parse_row(second, file, line, defaults, units)
-    said = [note.replace(_FIRST_OF_PAIR, "the first run's figure (the second run's is the next row)")
+    said = [note.replace(_FIRST_OF_PAIR, "the figure of the first run (the second run is the next row)")
             for note in first.inferred]
     return [first.model_copy(update={"inferred": said}),
             row.model_copy(update={"inferred": ["the second run of its paired cells (the figures in parentheses)",

@@ -956,3 +956,17 @@ def test_an_oom_written_where_a_figure_would_be_is_the_row_s_result(tmp_path: Pa
     oom, ok = read_replay_csv(path)
     assert oom.read and oom.result == "oom" and "result oom (its mem_max_gib cell says so)" in oom.inferred
     assert ok.result == "ok" and ok.step_time_s == pytest.approx(102)
+
+
+def test_the_file_report_says_what_was_assumed_and_which_flops_were_read(tmp_path: Path) -> None:
+    """--report listed what was skipped, but not what the reader assumed (a result, a preset, one
+    figure of a pair) nor that a table's TFLOP/s were read as hardware FLOPs."""
+    rows, report = read_replay_file(REPO / "benchmarks" / "data" / "published" / "megatron_sc21_table1_a100.csv")
+    text = report.text()
+    assert f"read as hardware FLOPs (the recompute pass counted, as the source or notes say) on {len(rows)} rows" in text
+    path = tmp_path / "pairs.csv"
+    path.write_text("Model,System,#-GPUs,GBS,MBS,Sequence Length,TP,PP,Tokens / sec / GPU\n"
+                    "LLAMA3-8B,DGX-H100,8,128,1,8192,1 (2),1,1000 (900)\n")
+    text = read_replay_file(path)[1].text()
+    assert "derived or assumed: " in text and "result ok (the row reports throughput) (2)" in text
+    assert "tp: the figure of the first run (the second run is the next row) (1)" in text  # by kind, not cell
