@@ -353,8 +353,9 @@ def canonical_header(header: str) -> str | None:
 _SPELLINGS = ((re.compile(r"teraflop"), "tflop"), (re.compile(r"tflops?_s(?:ec)?(?=_|$)"), "tflops"),
               (re.compile(r"_iter$"), "_iteration"), (re.compile(r"flop_utili[sz]ation"), "flops_utilization"),
               (re.compile(r"^(?:seconds|latency|time)_per_(?:iteration|step)$"), "step_time"))
+# Not before memory: an average is no peak, and a 'total memory' is the GPU's.
 _QUALIFIER = re.compile(r"^(?:achieved|measured|reported|paper_reported|observed|average|avg|mean|total|training|"
-                        r"overall|effective)_")
+                        r"overall|effective)_(?!mem)")
 _COUNT_OF = re.compile(r"^(?:number_of|num_of|no_of|#_of|#|count_of)_")
 
 

@@ -396,7 +396,7 @@ def preset_by_name(name: str) -> ModelArch | None:
     if found:
         return max(found, key=lambda p: len(_squash(p.name)))
     sizes = set(re.findall(r"(?<![\d.])(\d+(?:\.\d+)?b)(?![a-z\d])", name.lower()))
-    sized = {key: found for key in PRESETS if (found := _family_and_size(key)) and found[1] in sizes}
+    sized = {key: named for key in PRESETS if (named := _family_and_size(key)) and named[1] in sizes}
     alike = [PRESETS[key] for key, (family, _) in sized.items() if family in squashed]
     if not alike:  # the family without its generation ('Nemotron-15B' -> nemotron4-15b), if only one
         alike = [PRESETS[key] for key, (family, _) in sized.items() if family.rstrip("0123456789") in squashed]

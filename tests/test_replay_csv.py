@@ -893,7 +893,8 @@ def test_a_unit_or_a_scale_after_a_decimal_is_still_read() -> None:
     ("# of GPUs", "num_gpus"), ("Number of layers", "num_layers"), ("Number of attention heads", "num_attention_heads"),
     ("Model FLOP Utilization", "mfu"), ("Dispatcher", "moe_token_dispatcher_type"),
     ("NHEADS", "num_attention_heads"), ("NHIDDEN", "hidden_size"), ("Sec/it", "step_time_s"), ("Glob-BS", "gbs"),
-    ("Number of parameters (billion)", None), ("Total tokens", None),
+    ("Number of parameters (billion)", None), ("Total tokens", None), ("Avg step time (s)", "step_time_s"),
+    ("Average memory (GB)", None), ("Total memory (GB)", None),  # no peak: a mean, the GPU's capacity
 ])
 def test_headers_as_papers_write_them(header: str, column: str | None) -> None:
     """Megatron-LM's READMEs, the SC21 paper and NeMo's tables spell these so; each was ignored."""

@@ -156,7 +156,9 @@ def perfmodel_evaluate(
         return
     console.print(_figures_table("performance model vs measurements", report))
     for name, d in report["details"].items():
-        console.print(f"[dim]{markup(redact(_scored_line(name, report)))}[/]", highlight=False)
+        scored = _scored_line(name, report)
+        if scored:
+            console.print(f"[dim]{markup(redact(scored))}[/]", highlight=False)
         if d["skip_reasons"]:
             reasons = ", ".join(f"{k} ({v})" for k, v in list(d["skip_reasons"].items())[:4])
             console.print(f"[dim]{markup(redact(name))}: skipped — {markup(redact(reasons))}[/]", highlight=False)
