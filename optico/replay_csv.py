@@ -451,7 +451,7 @@ class _Parse:
     def _paired(self, name: str) -> None:
         """'31737 (30341)', '1 (2)': two figures in one cell; the first is read, and the row says so."""
         cell = self.cells.get(name) or ""
-        if re.search(r"\d.*\(\s*[-+]?\d", cell):
+        if _PAIR.fullmatch(cell):
             self.inferred.append(f"{name} {cell.strip()[:40]!r}: {_FIRST_OF_PAIR}")
 
     def integer(self, name: str) -> int | None:

@@ -131,7 +131,8 @@ _PLAIN_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{
 
 
 def read_decimal(text: str) -> float | None:
-    """`text` as a non-negative finite decimal, or None when it is not written as one."""
+    """`text` as a non-negative decimal, or None when it is not written as one ('1e999' reads as inf:
+    the caller's bounds refuse it)."""
     if len(text) > 40 or not _PLAIN_DECIMAL.fullmatch(text):
         return None
     return float(text)

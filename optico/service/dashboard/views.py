@@ -178,6 +178,11 @@ def _done(trials: list[Trial]) -> list[Trial]:
     return [t for t in trials if t.status is not TrialStatus.RUNNING]
 
 
+def _measured(trials: list[Trial]) -> list[float | None]:
+    """Each finished trial's MFU, None for a failure: where the MFU chart puts its failures."""
+    return [t.mfu if t.status is TrialStatus.OK else None for t in _done(trials)]
+
+
 def _rows(store: Store, job: JobRecord, trials: list[Trial], *, after: int = 0) -> tuple[list[dict], float | None]:
     trials = _done(trials)
     baseline = _baseline_mfu(trials)
@@ -201,7 +206,7 @@ def job_page(request: Request, job_id: JobIdPath, store: StoreDep, who: Viewer) 
     live = {"job_id": job.id, "last_index": finished[-1].index if finished else 0,
             "last_event": store.last_event_seq(job_id),
             "baseline_mfu": baseline, "limit_gib": limit, "final": job.status.final and job.lease_owner is None,
-            "failure_y": charts.failure_floor([row["mfu"] for row in rows], baseline),
+            "failure_y": charts.failure_floor(_measured(trials), baseline),
             "prediction_cap": charts.PREDICTION_CAP,
             "mfu_traces": list(charts.MFU_TRACES)}
     return templates.TemplateResponse(request, "job.html", {
@@ -349,13 +354,12 @@ def new_rows(job_id: JobIdPath, store: StoreDep, who: Viewer,
     job = _job_or_404(store, job_id)
     trials = store.trials(job_id)
     rows, baseline = _rows(store, job, trials, after=after)
-    mfus = [t.mfu if t.status is TrialStatus.OK else None for t in _done(trials)]
     report = job_report(store, job_id)
     best = None if report["best"] is None else {
         "trial": report["best"]["trial"], "mfu": report["best"]["mfu"], "megatron_args": report["best"]["megatron_args"],
         "improvement": report["improvement_over_baseline"]}
     return {"rows": rows, "status": _status_text(job, store.db_now()), "final": job.status.final, "best": best,
-            "stop_reason": job.stop_reason, "failure_y": charts.failure_floor(mfus, baseline),
+            "stop_reason": job.stop_reason, "failure_y": charts.failure_floor(_measured(trials), baseline),
             "baseline_mfu": baseline, "baseline_marks": charts.baseline_marks(baseline)}
 
 
