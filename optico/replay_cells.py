@@ -247,13 +247,18 @@ class WrongNumber(CellError):
     with one is wrong, not vague: unlike a word ('auto'), it is never read as unknown."""
 
 
+class ZeroCount(CellError):
+    """A count of 0: 'none' in some columns (VPP, experts), wrong in the others; the reader decides."""
+
+
 # The largest count read exactly (2^53): past it a float has lost digits, and no layer, GPU or batch
 # count comes near it.
 MAX_COUNT = 2**53
 
 
 def parse_int(cell: str | None) -> Any:
-    """A positive count; 0 reads as unknown (tables write 0 for 'none': VPP, experts)."""
+    """A positive count. A 0 raises ZeroCount: some columns write 0 for 'none' (VPP, experts), and the
+    reader decides by column."""
     try:
         value = parse_number(cell)
     except NotFinite as err:  # a preset's value must not stand in for it
@@ -265,7 +270,7 @@ def parse_int(cell: str | None) -> Any:
     if value > MAX_COUNT:  # read through a float: its last digits are already lost
         raise WrongNumber(f"{_text(cell)[:40]!r} is larger than any count a table holds")
     if value == 0:
-        raise CellError(f"{_text(cell)!r} is not a positive integer")
+        raise ZeroCount(f"{_text(cell)!r} is not a positive integer")
     return int(value)
 
 

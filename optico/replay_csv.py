@@ -91,6 +91,7 @@ from optico.replay_cells import (
     CellError,
     NotFinite,
     WrongNumber,
+    ZeroCount,
     canonical_header,
     header_unit,
     is_unknown,
@@ -130,6 +131,10 @@ _INT_CELLS: tuple[str, ...] = (
     "seq_length", "num_experts", "topk", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs",
     "etp", "first_pp_layers", "last_pp_layers",
 )
+# Counts a table writes as 0 for 'none' (no interleaving, no experts, no GQA): read as unknown. A 0 in
+# any other count (layers, GPUs, TP, batch) is a wrong cell: nothing ran with it.
+_ZERO_IS_NONE: frozenset[str] = frozenset({"num_query_groups", "num_experts", "topk", "cp", "ep", "vpp", "etp",
+                                           "first_pp_layers", "last_pp_layers"})
 MEASURED: tuple[str, ...] = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "mem_max_gib")
 _MEASURED_UNITS = {"mfu": "fraction", "step_time_s": "s", "mem_max_gib": "gib"}
 
@@ -461,7 +466,13 @@ class _Parse:
         except WrongNumber as err:
             self.wrong(f"{name} {err}")
             return None
-        except CellError as err:
+        except ZeroCount as err:
+            if name in _ZERO_IS_NONE:
+                self.inferred.append(f"{name} {err} (read as unknown)")
+            else:
+                self.wrong(f"{name} {err}")
+            return None
+        except CellError as err:  # a word: 'auto', 'n/a'
             self.inferred.append(f"{name} {err} (read as unknown)")
             return None
         return None if value is UNKNOWN else value
@@ -585,6 +596,7 @@ def _build_strategy(p: _Parse, ints: dict[str, int | None], args: dict[str, str]
             p.unknown["cpu_offloading_num_layers"] = [offload, max(1, model.num_layers // 4), model.num_layers - 1]
         recompute = (None, None, None)
     granularity, method, layers = recompute
+    _derive_missing_degree(p, ints)
     for name in ("tp", "pp"):
         if ints[name] is None:
             ints[name] = UNKNOWN_DOMAINS[name][0]
@@ -634,6 +646,22 @@ def _build_strategy(p: _Parse, ints: dict[str, int | None], args: dict[str, str]
         # Megatron-LM's validate_args turns SP off with a warning at TP 1, so such a run had none.
         data["sequence_parallel"] = False
     return Strategy.model_validate(data)
+
+
+def _derive_missing_degree(p: _Parse, ints: dict[str, int | None]) -> None:
+    """TP or PP left empty in a row that gives num_gpus and dp (a paper that states the GPU count, the
+    data-parallel size and one model-parallel degree): the missing one is num_gpus/(dp·other·CP)."""
+    missing = [name for name in ("tp", "pp") if ints[name] is None]
+    world, dp = ints["num_gpus"], ints["dp"]
+    if len(missing) != 1 or not world or not dp:
+        return
+    name = missing[0]
+    other = ints["pp" if name == "tp" else "tp"] or 1
+    cp = ints["cp"] or p.defaults.context_parallel_size
+    degree, left = divmod(world, dp * other * cp)
+    if degree >= 1 and not left:
+        ints[name] = degree
+        p.inferred.append(f"{name} = num_gpus/(dp·{'PP' if name == 'tp' else 'TP'}·CP) = {degree}")
 
 
 def _from_recipe(source: str) -> bool:
@@ -764,7 +792,31 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
                     skip_reason="; ".join(p.problems) or None, unknown=p.unknown, inferred=p.inferred,
                     malformed=p.malformed, **measured)
     problem = impossible_measurement(row) if row.usable else None
-    return row.model_copy(update={"skip_reason": f"{IMPOSSIBLE}: {problem}"}) if problem else row
+    if problem:
+        return row.model_copy(update={"skip_reason": f"{IMPOSSIBLE}: {problem}"})
+    set_aside = _figures_set_aside(row)
+    return row.model_copy(update={"inferred": [*row.inferred, *set_aside]}) if set_aside else row
+
+
+# A stated MFU or TFLOP/s further than this from the step time's MFU is named in the file report.
+SET_ASIDE_TOLERANCE = 0.03
+# Unknown cells that leave a row's FLOP count as it is (flops_per_iteration reads the workload and TP).
+_FLOPS_UNCHANGED_BY = frozenset({"mbs", "pp", "cpu_offloading_num_layers"})
+
+
+def _figures_set_aside(row: ReplayRow) -> list[str]:
+    """The MFU and TFLOP/s cells of a row that also gives its step time, where they differ from the step
+    time's MFU by more than `SET_ASIDE_TOLERANCE`: the step time is used (`measured_mfu`), and the report
+    says the cell was not (the source counted FLOPs otherwise: full attention, the recompute pass)."""
+    if not row.read or not row.step_time_s or row.result != "ok" or set(row.unknown) - _FLOPS_UNCHANGED_BY:
+        return []
+    assert row.workload is not None and row.strategy is not None
+    used = measured_mfu(row)
+    hfu = FULL_RECOMPUTE_HFU_RATIO if row.counts_recompute and row.strategy.recompute == "full" else 1.0
+    stated = {"mfu": row.mfu, "tflops_per_gpu": row.tflops_per_gpu and row.tflops_per_gpu / row.workload.peak_tflops}
+    return [f"{column}: the step time's MFU used, the cell differs by over {SET_ASIDE_TOLERANCE:.0%}"
+            for column, mfu in stated.items()
+            if mfu and used and abs(mfu / hfu / used - 1) > SET_ASIDE_TOLERANCE]
 
 
 IMPOSSIBLE = "impossible measurement"
@@ -880,6 +932,8 @@ class FileReport:
     missing_columns: list[str] = field(default_factory=list)
     renamed_columns: dict[str, str] = field(default_factory=dict)  # header as written -> replay column
     ignored_columns: list[str] = field(default_factory=list)
+    # A second header naming a column already read (the first is kept): header as written -> column.
+    repeated_columns: dict[str, str] = field(default_factory=dict)
     skipped_rows: list[str] = field(default_factory=list)  # "file:line: reason"
     hardware_flops: int = 0  # rows read whose TFLOP/s count the recompute pass (see counts_recompute)
 
@@ -905,6 +959,9 @@ class FileReport:
             lines.append("  columns read as: " + ", ".join(f"{a!r} -> {b}" for a, b in self.renamed_columns.items()))
         if self.missing_columns:
             lines.append("  columns absent (read as empty): " + ", ".join(self.missing_columns))
+        if self.repeated_columns:
+            lines.append("  columns read twice (the first kept, these ignored): "
+                         + ", ".join(f"{a!r} -> {b}" for a, b in self.repeated_columns.items()))
         if self.ignored_columns:
             lines.append("  columns ignored: " + ", ".join(self.ignored_columns))
         if self.unknown:
@@ -961,7 +1018,14 @@ def _read_rows(path: Path, text: str, defaults: ReplayDefaults, strict: bool) ->
         memory_measure = ""
         for h in header:
             column = canonical_header(h)
-            if column is None or column in columns:
+            if column is not None and column in columns:
+                if strict:
+                    first = header[columns.index(column)]
+                    raise ReplayError(f"{path}: columns {first!r} and {h!r} both read as {column}; keep one")
+                report.repeated_columns[h] = column
+                columns.append(None)
+                continue
+            if column is None:
                 report.ignored_columns.append(h)
                 columns.append(None)
                 continue
@@ -1147,10 +1211,13 @@ def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") 
         raise SpecError(field, f"{path.name} is not a replay CSV: its first line names none of the format's "
                                f"columns ({', '.join(COLUMNS[:4])}, ...; see docs/launchers.md)")
     try:  # the text already read, not the file again
-        rows = _read_rows(path, text, ReplayDefaults(), strict=False)[0]
+        rows, report = _read_rows(path, text, ReplayDefaults(), strict=False)
     except (ValueError, csv.Error) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SpecError(field, reason.replace(str(path), path.name)) from None
+    if report.repeated_columns:  # which of the two a spec's own file means is not for the reader to guess
+        header_text, column = next(iter(report.repeated_columns.items()))
+        raise SpecError(field, f"{path.name}: column {header_text!r} is read as {column} a second time; keep one")
     # The tolerant reading skips a wrong row (published tables have them); a spec's own file must not:
     # a cell that is no count or no result, or a row shifted by an unquoted comma, is a broken file.
     broken = next((r for r in rows if r.malformed), None)

@@ -14,7 +14,7 @@ from typing import Any
 from optico.agents.fallback import decided_by, llm_usage
 from optico.pool.contract import Store
 from optico.strategy import Strategy
-from optico.textsafe import terminal_text
+from optico.textsafe import markdown_text, terminal_text
 from optico.trial import Trial, TrialStatus
 
 
@@ -219,23 +219,11 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{x:.1%}"
 
 
-def _md(text: str | None) -> str:
-    """Untrusted text in a Markdown line or table cell: one line; control, escape and bidi characters
-    shown as visible escapes (a report is read in terminals too); no pipes, no HTML, no links. A '>'
-    opens no tag: it stays as written ('step 130 s -> 128 s' read '-&gt;' in a terminal), escaped only
-    where it would start a quote."""
-    flat = terminal_text(" ".join((text or "").split()), one_line=True)
-    for char in ("\\", "|", "[", "]"):
-        flat = flat.replace(char, "\\" + char)
-    flat = flat.replace("<", "&lt;").replace("`", "'")
-    return "\\" + flat if flat.startswith(">") else flat
-
-
 def report_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown."""
     best, base = report["best"], report["baseline"]
-    out = [f"# OptiCo job {report['job_id']}: {_md(report['name'])}", "",
-           f"{_md(report['workload'])} — **{report['status']}**: {_md(report['stop_reason'])}", ""]
+    out = [f"# OptiCo job {report['job_id']}: {markdown_text(report['name'])}", "",
+           f"{markdown_text(report['workload'])} — **{report['status']}**: {markdown_text(report['stop_reason'])}", ""]
     if best:
         gain = report["improvement_over_baseline"]
         out += [f"Best: trial {best['trial']}, MFU **{_pct(best['mfu'])}** ({best['tflops_per_gpu']:.0f} "
@@ -254,13 +242,13 @@ def report_markdown(report: dict[str, Any]) -> str:
         out += ["## Path to the best", "", "| trial | MFU | changes | why |", "|---:|---:|---|---|"]
         for step in report["path"]:
             changes = "; ".join(step["change_lines"]) or "start"
-            out.append(f"| {step['trial']} | {_pct(step['mfu'])} | {_md(changes)} | {_md(step['reason'])} |")
+            out.append(f"| {step['trial']} | {_pct(step['mfu'])} | {markdown_text(changes)} | {markdown_text(step['reason'])} |")
         out.append("")
     if report["failures"]:
         # No confidence column: a diagnosis is shown with it (`Failure.described`).
         out += ["## Failures", "", "| trial | configuration | category | diagnosis |", "|---:|---|---|---|"]
         for f in report["failures"]:
-            out.append(f"| {f['trial']} | {_md(f['strategy'])} | {f['category']} | {_md(f['described'])} |")
+            out.append(f"| {f['trial']} | {markdown_text(f['strategy'])} | {f['category']} | {markdown_text(f['described'])} |")
         out.append("")
     if report["launch_script"]:
         out += ["## Launch script", "", "```sh", report["launch_script"].rstrip(), "```", ""]

@@ -1,5 +1,5 @@
-"""The one-line error of every command, the check that an output path can be written, and the reading
-of a count or a decimal number typed on the command line.
+"""The consoles and the one-line error of every command, the check that an output path can be written,
+and the reading of a count or a decimal number typed on the command line.
 
 Shared by `optico.cli` and `optico.bench.cli` (which `optico.cli` registers, so it cannot import
 `optico.cli` back): bad input from the command line ends in one line on stderr,
@@ -12,11 +12,12 @@ import math
 import os
 import re
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 import typer
 from rich.console import Console
@@ -25,15 +26,52 @@ from optico.errors import SpecError
 from optico.redact import redact
 from optico.textsafe import markup
 
-err = Console(stderr=True, emoji=False)  # ":ok:" in a file name is text, not an emoji
+
+class _Unpadded:
+    """sys.stdout or sys.stderr as rich writes to it, looked up at each write (a test runner swaps them).
+    Going to a pipe or a file, lines lose the spaces rich pads table cells and indented blocks with up to
+    the console's width: trailing spaces break diffs and `grep 'x$'`. A terminal gets the text as is."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def _stream(self) -> TextIO:
+        return getattr(sys, self._name)
+
+    def write(self, text: str) -> int:
+        stream = self._stream
+        return stream.write(text if stream.isatty() else _TRAILING_SPACES.sub("", text))
+
+    def __getattr__(self, name: str) -> Any:  # isatty, flush, fileno, encoding: the stream's own
+        return getattr(self._stream, name)
+
+
+# Spaces before a line break, also when a style's reset code sits between them (FORCE_COLOR in a pipe).
+_TRAILING_SPACES = re.compile(r" +(?=(?:\x1b\[[0-9;]*m)*\n)")
+
+# One console per stream for every command; ":ok:" in a file name is text, not an emoji.
+console = Console(file=_Unpadded("stdout"), emoji=False)  # type: ignore[arg-type]
+err = Console(file=_Unpadded("stderr"), emoji=False)  # type: ignore[arg-type]
 
 
 def fail(message: str | SpecError, code: int = 2) -> NoReturn:
     """Prints `error: <message>` as one line (redacted and escaped: the message may quote user input,
     a credential in the wrong field included) and exits."""
-    err.print(f"[bold red]error:[/] {markup(redact(str(message)), one_line=True, max_chars=1000)}", highlight=False,
+    err.print(f"[bold red]error:[/] {markup(_redacted(message), one_line=True, max_chars=1000)}", highlight=False,
               soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _redacted(message: str | SpecError) -> str:
+    """The message redacted. A field and a reason that quotes no value are redacted apart: joined,
+    'launcher.password: unknown field' reads as a password assignment, and the reason was masked."""
+    if isinstance(message, SpecError) and message.field and not _QUOTES.search(message.reason):
+        return f"{redact(message.field)}: {redact(message.reason)}"
+    return redact(str(message))
+
+
+_QUOTES = re.compile("[\"'`]")
 
 
 def check_output_path(path: Path, option: str) -> None:

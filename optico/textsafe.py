@@ -11,7 +11,8 @@ Printed raw they can
 `terminal_text` neutralises all of that by showing each such character as a visible escape
 (`\\x1b`, `\\u202e`), so what was there stays readable. `markup` additionally escapes Rich
 markup for text spliced into a markup string; `rich_text` gives a `rich.text.Text`, which Rich
-never parses as markup (prefer it for table cells). `html_escape` is the same for HTML.
+never parses as markup (prefer it for table cells). `html_escape` is the same for HTML,
+`markdown_text` for a Markdown line or table cell.
 
 Redaction of secrets is `optico.redact`'s job and comes first; these helpers only make text
 safe to show.
@@ -95,3 +96,16 @@ def html_escape(value: object, *, max_chars: int | None = DEFAULT_MAX_CHARS) -> 
     """`value` for an HTML page (element text or a quoted attribute): `& < > " '` escaped and
     control/bidi characters shown as visible escapes."""
     return html.escape(terminal_text(value, max_chars=max_chars), quote=True)
+
+
+def markdown_text(value: object, *, max_chars: int | None = DEFAULT_MAX_CHARS) -> str:
+    """`value` in a Markdown line or table cell: one line; control, escape and bidi characters shown as
+    visible escapes (a report is read in terminals too); no pipes, no HTML, no links or images. A '>'
+    opens no tag: it stays as written ('step 130 s -> 128 s' read '-&gt;' in a terminal), escaped only
+    where it would start a quote."""
+    flat = terminal_text(" ".join(str(value if value is not None else "").split()), one_line=True,
+                         max_chars=max_chars)
+    for char in ("\\", "|", "[", "]"):
+        flat = flat.replace(char, "\\" + char)
+    flat = flat.replace("<", "&lt;").replace("`", "'")
+    return "\\" + flat if flat.startswith(">") else flat

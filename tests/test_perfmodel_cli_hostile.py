@@ -284,3 +284,48 @@ def test_every_file_after_holdout_is_held_out_not_fitted(tmp_path):
     fitted = proc.stdout[:proc.stdout.index("held out: before")]
     assert H100_CSV.name in held and three_b.name in held
     assert H100_CSV.name not in fitted and three_b.name not in fitted
+
+
+@pytest.mark.parametrize("command", ["evaluate", "calibrate"])
+def test_a_table_with_a_header_and_no_rows_is_refused(tmp_path, command):
+    """It was scored as a table of 0 rows (exit 0), where `bench --landscape` and a replay spec refuse it."""
+    path = tmp_path / "header.csv"
+    path.write_text(PACKAGED_OPTICO_CSV.read_text().splitlines()[0] + "\n")
+    assert_one_line_error(perfmodel(tmp_path, command, "--data", str(path)), "--data", "header.csv: no rows")
+
+
+def test_report_beside_json_goes_to_stderr_and_stdout_stays_one_json_document(tmp_path):
+    proc = perfmodel(tmp_path, "evaluate", "--data", str(PACKAGED_OPTICO_CSV), "--report", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["overall"]["rows"] == 14
+    assert "optico_llama3_8b_a100.csv: 14 rows, 14 read" in proc.stderr
+
+
+def test_rows_writes_each_row_s_figures_as_the_scores_use_them(tmp_path):
+    """--rows: the per-row predictions behind the summary (a user had to script them to see which
+    rows the model gets wrong); their errors give the summary's MdAPE, and no cell starts a formula."""
+    import csv
+    from statistics import median
+
+    from optico.perfmodel.evaluate import ROW_COLUMNS
+
+    table = tmp_path / "t.csv"
+    lines = PACKAGED_OPTICO_CSV.read_text().splitlines()
+    hostile = (line.replace(",Llama3-8B,", ",=HYPERLINK(x),", 1) for line in lines[1:])
+    table.write_text("\n".join([lines[0], *hostile]) + "\n")
+    out = tmp_path / "rows" / "r.csv"
+    proc = perfmodel(tmp_path, "evaluate", "--data", str(table), "--rows", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)["overall"]
+    with out.open(newline="") as handle:
+        records = list(csv.DictReader(handle))
+    assert tuple(records[0]) == ROW_COLUMNS and len(records) == summary["rows"] == 14
+    assert all(r["model"].startswith("'=") for r in records)
+    errors = [abs(float(r["mfu_error"])) for r in records if r["mfu_error"]]
+    assert len(errors) == 11 and median(errors) == pytest.approx(summary["mfu_median_ape"], abs=1e-3)
+    assert {r["predicted_fits"] for r in records} <= {"True", "False"}
+
+
+def test_rows_is_checked_before_any_work(tmp_path):
+    proc = perfmodel(tmp_path, "evaluate", "--data", str(PACKAGED_OPTICO_CSV), "--rows", str(tmp_path))
+    assert_one_line_error(proc, "--rows")

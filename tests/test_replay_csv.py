@@ -23,6 +23,7 @@ from optico.replay_csv import (
     read_replay_file,
     variants,
 )
+from optico.errors import SpecError
 from optico.spec import load_spec
 from optico.strategy import strategy_from_mapping
 from optico.workload import PRESETS, Cluster, ModelArch, Workload
@@ -786,11 +787,12 @@ def test_exported_text_cells_never_start_a_spreadsheet_formula(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(("cell", "read_as_unknown"), [("9" * 5000, False), ("1e999", False), ("-4", False),
-                                                        ("2.5", False), ("auto", True), ("0", True),
-                                                        ("infinite", True)])
+                                                        ("2.5", False), ("auto", True), ("0", False),
+                                                        ("-0", False), ("infinite", True)])
 def test_a_layer_count_that_is_no_count_is_a_wrong_row_and_a_word_is_unknown(tmp_path: Path, cell: str,
                                                                               read_as_unknown: bool) -> None:
-    # A 5,000-digit layer count was read as unknown and the preset's 32 layers stood in for it.
+    # A 5,000-digit layer count was read as unknown and the preset's 32 layers stood in for it; so was a 0
+    # (a 0 is 'none' only in the counts tables write it for: VPP, experts).
     path = tmp_path / "n.csv"
     path.write_text(f"{HEADER}\nLlama3-8B,{cell},4096,32,8,14336,128256,8192,A100-80GB,8,2,1,1,128,ok\n")
     row = read_replay_file(path)[0][0]
@@ -971,3 +973,59 @@ def test_the_file_report_says_what_was_assumed_and_which_flops_were_read(tmp_pat
     text = read_replay_file(path)[1].text()
     assert "derived or assumed: " in text and "result ok (the row reports throughput) (2)" in text
     assert "tp: the figure of the first run (the second run is the next row) (1)" in text  # by kind, not cell
+
+
+def test_an_empty_pp_or_tp_is_derived_from_the_gpu_count_and_dp(tmp_path: Path) -> None:
+    """Nemotron-4 340B's report gives GPUs, DP and TP 8 but its PP only in prose: the row was refused as
+    'dp 16 but num_gpus/(TP·PP·CP) = 1536/(8·1·1)', checked against the placeholder PP 1."""
+    row = one(tmp_path, num_gpus="64", dp="4", tp="4", pp="")
+    assert row.usable and row.strategy.pp == 4 and "pp" not in row.unknown
+    assert "pp = num_gpus/(dp·TP·CP) = 4" in row.inferred
+    row = one(tmp_path, num_gpus="64", dp="4", tp="", pp="2", cp="2")
+    assert row.usable and (row.strategy.tp, row.strategy.cp) == (4, 2) and "tp = num_gpus/(dp·PP·CP) = 4" in row.inferred
+    # Nothing to derive from: a dp that does not divide, or both degrees missing, stay unknown.
+    assert "pp" in one(tmp_path, num_gpus="64", dp="3", tp="4", pp="").unknown
+    both = one(tmp_path, num_gpus="64", dp="4", tp="", pp="")
+    assert {"tp", "pp"} <= set(both.unknown)
+
+
+def test_an_mfu_cell_the_step_time_overrides_is_named_when_they_disagree(tmp_path: Path) -> None:
+    """Nemotron-4 15B's table gives 34.3 % MFU and a step time that is 32.4 % on our FLOP count (causal
+    attention): the step time was used and the cell dropped without a word."""
+    used = measured_mfu(one(tmp_path))
+    assert used is not None
+    far = one(tmp_path, mfu=f"{used * 1.06:.4f}", mbs="")  # an unknown mbs leaves the FLOP count as it is
+    assert "mfu: the step time's MFU used, the cell differs by over 3%" in far.inferred
+    assert measured_mfu(far) == pytest.approx(used)
+    near = one(tmp_path, mfu=f"{used * 1.01:.4f}")
+    assert not [x for x in near.inferred if "step time's MFU used" in x]
+    text = read_replay_file(write_csv(tmp_path / "far.csv", {**LLAMA3_8B, "mfu": f"{used * 1.06:.4f}"}))[1].text()
+    assert "derived or assumed: mfu: the step time's MFU used, the cell differs by over 3% (1)" in text
+
+
+def test_a_column_named_twice_is_reported_refused_by_strict_and_by_a_spec(tmp_path: Path) -> None:
+    """A second 'MFU (%)' beside 'mfu' was dropped silently (listed only among unknown headers), even
+    under --strict and in a spec's own replay file."""
+    lines = PACKAGED.read_text().splitlines()
+    table = tmp_path / "t.csv"
+    table.write_text("\n".join([lines[0] + ",MFU (%)", *(line + ",99" for line in lines[1:])]) + "\n")
+    rows, report = read_replay_file(table)
+    assert rows and report.repeated_columns == {"MFU (%)": "mfu"}
+    assert "columns read twice (the first kept, these ignored): 'MFU (%)' -> mfu" in report.text()
+    with pytest.raises(ReplayError, match="columns 'mfu' and 'MFU \\(%\\)' both read as mfu"):
+        read_replay_file(table, strict=True)
+    spec = tmp_path / "s.yaml"
+    spec.write_text((REPO / "examples" / "llama3-8b-a100-replay.yaml").read_text()
+                    .replace("../optico/data/optico_llama3_8b_a100.csv", str(table)))
+    with pytest.raises(SpecError, match="launcher.data: t.csv: column 'MFU \\(%\\)' is read as mfu a second time"):
+        load_spec(spec)
+
+
+def test_a_zero_is_none_where_tables_write_it_so_and_a_wrong_cell_elsewhere(tmp_path: Path) -> None:
+    """A TP or a GPU count of 0 was read as unknown and re-derived ('tp = num_gpus/(dp·PP·CP) = 1'), also
+    under --strict; VPP 0 and experts 0 are how tables say 'none'."""
+    for column in ("tp", "num_gpus", "gbs"):
+        row = one(tmp_path, **{column: "0"})
+        assert not row.read and row.malformed and row.skip_reason.startswith(f"{column} '0' is not a positive")
+    none = one(tmp_path, vpp="0", num_experts="0")
+    assert none.usable and none.strategy.virtual_pipeline_model_parallel_size is None

@@ -73,6 +73,9 @@ CASES = [
     (GOOD + "launcher: {kind: replay}\n", "launcher.data", "replay launcher needs"),
     (GOOD + "launcher: {kind: replay, data: nowhere.csv}\n", "launcher.data", "no such file"),
     (GOOD + "colour: blue\n", "colour", "unknown field"),
+    # A field named like a secret: joined, 'launcher.password: unknown field' read as an assignment and
+    # the reason was masked ('launcher.password: *** field').
+    (GOOD + "launcher: {kind: sim, password: hunter22}\n", "launcher.password", "unknown field"),
     (GOOD.replace("workload:", "workload:\n  tokenizer: gpt2"), "workload.tokenizer", "unknown field"),
     (GOOD + "reasoner: {analysis: magic}\n", "reasoner.analysis", "rules"),
     # One past the bound, said in full (it read '4.29497e+09 is outside ... to 4.29497e+09').

@@ -7,14 +7,11 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
-from rich.console import Console
 
 from optico.bench.suite import DEFAULT_TUNERS
 from optico.errors import SpecError, first_line
-from optico.terminal import ANY_COUNT, check_output_path, err, fail, read_decimal, whole_number
+from optico.terminal import ANY_COUNT, check_output_path, console, err, fail, read_decimal, whole_number
 from optico.textsafe import markup, terminal_text
-
-console = Console(emoji=False)  # ":x:" in a file name is text, not an emoji
 
 
 def bench(

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from optico.bench.summary import goals
-from optico.textsafe import terminal_text
+from optico.textsafe import markdown_text
 
 GROUP_TITLES = {
     "independent": "Independent: llm-analysis landscapes (a third-party simulator)",
@@ -20,7 +20,7 @@ GROUP_TITLES = {
 
 def _cell(text: str) -> str:
     """A name or reason (from a CSV cell, a file name, an exception) as one Markdown table cell."""
-    return terminal_text(text, one_line=True, max_chars=500).replace("|", "\\|")
+    return markdown_text(text, max_chars=500)
 
 
 def _pct(x: float | None, digits: int = 1) -> str:

@@ -12,16 +12,13 @@ from pathlib import Path
 
 import click
 import typer
-from rich.console import Console
 
 from optico.errors import SpecError
 from optico.pool.models import SQL_INT_MAX
 # Every command imports these from here.
-from optico.terminal import (ANY_COUNT, check_output_path, decimal_number, err, fail, output_file,  # noqa: F401
-                             whole_number)
+from optico.terminal import (ANY_COUNT, check_output_path, console, decimal_number, err, fail,  # noqa: F401
+                             output_file, whole_number)
 from optico.textsafe import markup
-
-console = Console(emoji=False)  # ":x:" in a file name is text, not an emoji
 
 # Click options take one value each; the files after the first come in as arguments, so both
 # `--data a.csv b.csv` (a shell glob) and `--data a.csv --data b.csv` work.

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from optico.cli.common import (MoreFilesArgument, check_output_path, console, err, fail, files_by_option,
-                               decimal_number, require_files, whole_number)
+                               decimal_number, output_file, require_files, whole_number)
 from optico.errors import SpecError, first_line
 from optico.perfmodel.constants import CALIBRATION_ENV, Constants, load_constants, read_calibration
 from optico.redact import redact
@@ -85,7 +85,26 @@ def _read_tables(option: str, paths: list[Path], strict: bool = False) -> list[t
             if str(path) not in reason and path.name not in reason:
                 reason = f"{path}: {reason}"
             fail(SpecError(option, reason))
+        if not tables[-1][1][0]:
+            fail(SpecError(option, f"{path}: no rows under its header"))
     return tables
+
+
+def _write_row_records(path: Path, tables: list[list[Any]], constants: Constants) -> None:
+    """`--rows`: one CSV line per row of every table (`row_records`). Text cells are the tables' own:
+    redacted, shown as one line, and never the start of a spreadsheet formula."""
+    import csv
+
+    from optico.perfmodel.evaluate import ROW_COLUMNS, row_records
+    from optico.replay_rows import spreadsheet_safe
+
+    with output_file(path, "--rows") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(ROW_COLUMNS))
+        writer.writeheader()
+        for rows in tables:
+            for record in row_records(rows, constants):
+                writer.writerow(spreadsheet_safe({k: terminal_text(redact(v), one_line=True) if isinstance(v, str)
+                                                  else v for k, v in record.items()}))
 
 
 def _output(path: Optional[Path], option: str) -> Optional[Path]:
@@ -125,13 +144,17 @@ def perfmodel_evaluate(
                                                help="Constants to evaluate (default: the shipped calibration)."),
     strict: bool = StrictOption,
     report_rows: bool = typer.Option(False, "--report", help="Print what was read from each file (columns, "
-                                                             "unknown cells, skipped rows with file:line)."),
+                                                             "unknown cells, skipped rows with file:line; on "
+                                                             "stderr with --json)."),
+    rows_out: Optional[Path] = typer.Option(None, "--rows", metavar="FILE.csv",
+                                            help="Write every row's predictions beside its measurements (CSV)."),
 ) -> None:
     """Compare the model's predictions with measured runs: fit/OOM accuracy, MFU and memory error, rank correlation."""
     from optico.perfmodel.evaluate import evaluate_tables
 
     data = [*data, *(more or [])]
     require_files("--data", data)
+    rows_out = _output(rows_out, "--rows")
     if calibration:
         # By name: typer vendors its own click, whose ParameterSource is not click.core's.
         from_env = getattr(ctx.get_parameter_source("calibration"), "name", None) == "ENVIRONMENT"
@@ -144,12 +167,15 @@ def perfmodel_evaluate(
             report = evaluate_tables([(path.name, rows) for path, (rows, _) in tables], constants, on_row)
     except (ValueError, OSError) as exc:
         fail(SpecError("--data", first_line(exc)))
+    if rows_out is not None:
+        _write_row_records(rows_out, [rows for _, (rows, _) in tables], constants)
     if report_rows:
         for _, (_, file_report) in tables:
             # Headers, cells and file names are the file's: every line redacted and escaped for the terminal.
             text = "\n".join(terminal_text(redact(line), one_line=True)
                              for line in file_report.text(max_rows=20).split("\n"))
-            console.print(text, highlight=False, markup=False, emoji=False)
+            # Beside --json on stderr: stdout stays one JSON document.
+            (err if as_json else console).print(text, highlight=False, markup=False, emoji=False, soft_wrap=True)
     if as_json:
         print(redact(json.dumps({"files": report["files"], "overall": report["overall"],
                                  "details": report["details"]}, indent=2)))

@@ -9,7 +9,8 @@ import json
 from typing import Any
 
 import typer
-from rich.console import Console
+
+from optico.terminal import console
 
 llm_app = typer.Typer(no_args_is_help=True, help="The LLM endpoint of the LLM reasoners (OPTICO_LLM_*).")
 
@@ -89,5 +90,4 @@ def check(as_json: bool = typer.Option(False, "--json", help="Print the report a
     ]
     for note in report["notes"]:
         lines.append(f"note         {note}")
-    Console(emoji=False).print("\n".join(markup(redact(line), one_line=True) for line in lines),
-                               highlight=False, soft_wrap=True)
+    console.print("\n".join(markup(redact(line), one_line=True) for line in lines), highlight=False, soft_wrap=True)

@@ -163,6 +163,43 @@ def row_figures(row: ReplayRow, c: Constants) -> RowFigures:
     return RowFigures(fits, pred_mfu, meas_mfu, mem, key)
 
 
+# The columns of `row_records` (`optico perfmodel evaluate --rows`); errors are (predicted − measured)
+# / measured: below 0, the model predicts less than was measured.
+ROW_COLUMNS: tuple[str, ...] = ("file", "line", "model", "result", "skip_reason", "unknown_cells", "predicted_fits",
+                                "measured_mfu", "predicted_mfu", "mfu_error", "measured_mem_gib",
+                                "predicted_mem_gib", "mem_error")
+
+
+def _relative_error(predicted: float | None, measured: float | None) -> float | None:
+    return None if predicted is None or not measured else round((predicted - measured) / measured, 4)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def row_records(rows: list[ReplayRow], c: Constants) -> list[dict[str, Any]]:
+    """Each row's predictions beside its measurements, as `score_rows` scores them: a figure the row
+    does not determine (it depends on an unknown cell, the row did not run, its times are not tuned
+    throughput) is None, and so is every figure of a skipped row."""
+    out = []
+    for row in rows:
+        record: dict[str, Any] = dict.fromkeys(ROW_COLUMNS)
+        record.update(file=row.file, line=row.line, model=row.model_name, result=row.result,
+                      skip_reason=row.skip_reason or "", unknown_cells=" ".join(row.unknown))
+        if row.read and row.workload is not None and row.strategy is not None:
+            figures = row_figures(row, c)
+            mem_measured = row.mem_max_gib if figures.predicted_mem_gib is not None else None
+            record.update(predicted_fits=figures.fits, measured_mfu=_rounded(figures.measured_mfu),
+                          predicted_mfu=_rounded(figures.predicted_mfu),
+                          mfu_error=_relative_error(figures.predicted_mfu, figures.measured_mfu),
+                          measured_mem_gib=_rounded(mem_measured),
+                          predicted_mem_gib=_rounded(figures.predicted_mem_gib),
+                          mem_error=_relative_error(figures.predicted_mem_gib, mem_measured))
+        out.append(record)
+    return out
+
+
 def score_rows(rows: list[ReplayRow], c: Constants, on_row: Callable[[], None] | None = None
                ) -> tuple[Scores, list[RowResult]]:
     """Scores of `rows` at constants `c`; `on_row` is called after each row (a progress bar: a row

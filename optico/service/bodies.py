@@ -22,11 +22,15 @@ from optico.spec import JobSpec, SpecError, parse_spec_text
 PACKAGE_DATA = Path(__file__).resolve().parents[1] / "data"
 JSON_TYPES = ("application/json",)
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml", "text/plain")
-# Variables that make a process load or run something else than the command it was given: by prefix,
-# and by what their name says they point at (NCCL_NET_PLUGIN, CUDA_INJECTION64_PATH, CUDA_HOME,
-# GCONV_PATH, TORCHINDUCTOR_CACHE_DIR: a library, a toolkit or a cache of compiled code).
-LOADER_VARIABLES = ("LD_", "DYLD_", "PYTHON", "BASH_ENV", "ENV", "PATH", "PERL5", "RUBY", "NODE_OPTIONS")
-LOADER_WORDS = ("PRELOAD", "PLUGIN", "INJECT", "LIBRARY", "PATH", "HOME", "_DIR", "CACHE", "GCONV")
+# Variables that make a process load or run something else than the command it was given: by prefix
+# (the C library's tunables and allocator settings, Open MPI's and PMIx's component parameters — an
+# rsh agent is a command —, the profiler's config file), and by what their name says they point at
+# (NCCL_NET_PLUGIN, CUDA_INJECTION64_PATH, CUDA_HOME, GCONV_PATH, TORCHINDUCTOR_CACHE_DIR,
+# NCCL_TOPO_FILE: a library, a toolkit, a cache of compiled code, a file to read).
+LOADER_VARIABLES = ("LD_", "DYLD_", "PYTHON", "BASH_ENV", "ENV", "PATH", "PERL5", "RUBY", "NODE_OPTIONS",
+                    "GLIBC_", "MALLOC_", "OMPI_", "PMIX_", "KINETO_")
+LOADER_WORDS = ("PRELOAD", "PLUGIN", "INJECT", "LIBRARY", "PATH", "HOME", "_DIR", "CACHE", "GCONV", "_FILE", "AGENT",
+                "TUNABLES")
 # Ray addresses a request may name: the workers' own cluster (RAY_ADDRESS, `ray start`) or a new local one.
 OWN_RAY_ADDRESSES = (None, "auto", "local")
 

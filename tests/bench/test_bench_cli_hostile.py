@@ -302,12 +302,13 @@ def test_a_key_in_a_file_name_is_masked_in_the_landscape_name(tmp_path: Path):
     assert defs and all(key not in d.name and d.name.startswith("replay:***:") for d in defs)
 
 
-def test_a_model_name_with_a_newline_and_a_pipe_stays_one_table_cell(tmp_path: Path):
+def test_a_model_name_with_a_newline_a_pipe_a_tag_and_a_link_stays_one_inert_table_cell(tmp_path: Path):
     # A model that is no preset keeps the CSV's name (the packaged table's Llama3-8B would become the preset's).
+    # The tag and the link were written into the Markdown report as they were.
     with (REPO / "benchmarks" / "data" / "h100-qwen2.5-1.5b.csv").open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     for row in rows:
-        row["model"] = "qwen\nerror: injected | x"
+        row["model"] = "qwen\nerror: injected | x <img src=x onerror=alert(1)> [l](javascript:alert(1))"
     path = tmp_path / "t.csv"
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, list(rows[0]))
@@ -317,7 +318,8 @@ def test_a_model_name_with_a_newline_and_a_pipe_stays_one_table_cell(tmp_path: P
     assert "\n" not in defn.name and "error: injected" in defn.name
     doc = run_benchmark([defn], ("model-greedy",), budget=3, seeds=1, jobs=1, fidelity=False)
     (line,) = [text for text in markdown(doc).splitlines() if "injected" in text]
-    assert line.startswith("| replay:t:qwen\\nerror: injected \\| x")
+    # Markdown shows '\\n' as the two characters the terminal escape wrote.
+    assert line.startswith(r"| replay:t:qwen\\nerror: injected \| x &lt;img src=x onerror=alert(1)> \[l\](javascript:")
 
 
 def test_a_table_where_nothing_ran_is_refused_before_anything_runs(tmp_path: Path):

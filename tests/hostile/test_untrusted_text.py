@@ -131,8 +131,27 @@ def test_a_path_ending_in_a_secret_word_is_not_a_secret_assignment():
 
 def test_a_markdown_cell_keeps_an_arrow_and_still_opens_no_tag():
     # 'predicted step 130 s -> 128 s' read '-&gt;' in a terminal; a '<' still opens no tag.
-    from optico.report import _md
+    from optico.textsafe import markdown_text as _md
 
     assert _md("predicted step 130 s -> 128 s") == "predicted step 130 s -> 128 s"
     assert _md("<script>x</script>") == "&lt;script>x&lt;/script>"
     assert _md("> not a quote") == "\\> not a quote"
+
+
+def test_the_benchmark_s_markdown_report_escapes_a_landscape_s_name():
+    """`optico bench --markdown` wrote a replay CSV's model cell into the report as it was: a tag, an
+    image and a javascript: link only had their pipes escaped (the job report escaped them)."""
+    from optico.bench.report import _cell
+
+    cell = _cell('<img src=x onerror=alert(1)> | ![i](http://evil/a.png) [l](javascript:alert(1))')
+    assert "<img" not in cell and "](" not in cell.replace("\\](", "") and " | " not in cell
+
+
+def test_an_error_s_field_and_reason_are_redacted_apart_unless_the_reason_quotes_a_value():
+    from optico.errors import SpecError
+    from optico.terminal import _redacted
+
+    assert _redacted(SpecError("launcher.password", "unknown field")) == "launcher.password: unknown field"
+    # A reason that quotes the value keeps the joined redaction: 'password: 'hunter22'' is masked.
+    assert "hunter22" not in _redacted(SpecError("db.password", "'hunter22' is too short"))
+    assert "sk-" not in _redacted(SpecError("launcher.sk-" + "a1B2" * 6, "unknown field"))

@@ -253,6 +253,13 @@ BAD_BODIES = [
     ({**spec(), "launcher": {"kind": "local", "env": {"TORCHINDUCTOR_CACHE_DIR": "x"}}},
      "launcher.env.TORCHINDUCTOR_CACHE_DIR"),
     ({**spec(), "launcher": {"kind": "local", "env": {"NCCL_TOPO": "/tmp/evil"}}}, "launcher.env.NCCL_TOPO"),
+    ({**spec(), "launcher": {"kind": "local", "env": {"GLIBC_TUNABLES": "glibc.malloc.mxfast=0"}}},
+     "launcher.env.GLIBC_TUNABLES"),
+    ({**spec(), "launcher": {"kind": "local", "env": {"MALLOC_CONF": "prof:true"}}}, "launcher.env.MALLOC_CONF"),
+    ({**spec(), "launcher": {"kind": "local", "env": {"OMPI_MCA_plm_rsh_agent": "sh -c evil"}}},
+     "launcher.env.OMPI_MCA_plm_rsh_agent"),
+    ({**spec(), "launcher": {"kind": "local", "env": {"KINETO_CONFIG": "evil.cfg"}}}, "launcher.env.KINETO_CONFIG"),
+    ({**spec(), "launcher": {"kind": "local", "env": {"NCCL_TOPO_FILE": "topo.xml"}}}, "launcher.env.NCCL_TOPO_FILE"),
     ({**spec(), "reasoner": "magic"}, "reasoner"),
     ({**spec(), "seed": "x"}, "seed"),
 ]
