@@ -85,7 +85,8 @@ def _read_tables(option: str, paths: list[Path], strict: bool = False) -> list[t
             if str(path) not in reason and path.name not in reason:
                 reason = f"{path}: {reason}"
             fail(SpecError(option, reason))
-        if not tables[-1][1][0]:
+        rows, _ = tables[-1][1]
+        if not rows:
             fail(SpecError(option, f"{path}: no rows under its header"))
     return tables
 
