@@ -4,6 +4,9 @@ not `if TYPE_CHECKING:` blocks) and check the rules of docs/architecture.md ("La
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -48,7 +51,15 @@ def _imports(tree: ast.AST) -> list[str]:
 
 
 def import_graph() -> dict[str, dict[str, set[str]]]:
-    """package -> imported package -> the files that import it."""
+    """package -> imported package -> the files that import it. Parsed in a child process: Python 3.11
+    before 3.11.8 shares ast.parse's recursion counter between threads (CPython gh-106905), and a thread
+    an earlier test left running in this process (LangGraph's) may be parsing too: a SystemError."""
+    done = subprocess.run([sys.executable, __file__], capture_output=True, text=True, check=True, timeout=120)
+    return {pkg: {target: set(files) for target, files in targets.items()}
+            for pkg, targets in json.loads(done.stdout).items()}
+
+
+def _parsed_import_graph() -> dict[str, dict[str, set[str]]]:
     graph: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT.parent).with_suffix("")
@@ -109,10 +120,12 @@ def test_no_cycles_between_packages():
 
 def test_the_pool_does_not_load_the_launchers():
     """Importing the pool (as the service does) must not import any launcher or the Megatron driver."""
-    import subprocess
-    import sys
-
     code = ("import sys, optico.pool.store, optico.spec; "
             "print(sorted(m for m in sys.modules if m.startswith(('optico.launchers', 'optico.agents'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]", out
+
+
+if __name__ == "__main__":  # import_graph's child process
+    print(json.dumps({pkg: {target: sorted(files) for target, files in targets.items()}
+                      for pkg, targets in _parsed_import_graph().items()}))

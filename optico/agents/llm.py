@@ -54,7 +54,7 @@ from optico.llm.formats import (
     generation_schema,
 )
 from optico.llm.history import HistoryView, history_view
-from optico.llm.parsing import extract_json, split_reasoning
+from optico.llm.parsing import extract_json, split_reasoning, without_confidence
 from optico.llm.prompts import config_json, config_line, render, search_space_block, semantics_block, workload_block
 from optico.llm.settings import LLMSettings, load_settings
 from optico.llm.untrusted import cell, excerpt, fence
@@ -198,9 +198,19 @@ class _LLMAgent:
                  prior: list[Trial] | None = None) -> HistoryView:
         s, o = self.settings, self.opts
         budget = s.history_token_budget_led if o.led else s.history_token_budget
-        return history_view(trials, space=space, reference=reference, best_k=s.history_best_k,
-                            last_n=s.history_last_n, token_budget=budget, prior=prior, full=o.led,
-                            last_only=not o.history)
+        return history_view(self._shown(trials), space=space, reference=reference, best_k=s.history_best_k,
+                            last_n=s.history_last_n, token_budget=budget, prior=self._shown(prior or []),
+                            full=o.led, last_only=not o.history)
+
+    def _shown(self, trials: list[Trial]) -> list[Trial]:
+        """The trials as a prompt shows them: under the confidence ablation, every diagnosis without its
+        "(Confidence: N)" (the rules, which write the diagnosis when the model's answer is refused,
+        give one whatever the ablation)."""
+        if self.opts.confidence:
+            return trials
+        return [t.model_copy(update={"failure": t.failure.model_copy(
+                    update={"summary": without_confidence(t.failure.summary)})}) if t.failure else t
+                for t in trials]
 
 
 def _latest(trials: list[Trial], fields: list[str]) -> str:
@@ -238,7 +248,7 @@ class LLMAnalysis(_LLMAgent):
     def messages(self, inp: AnalysisInput, base: AnalysisOutput | None) -> tuple[list[dict[str, str]], HistoryView]:
         space, ref = inp.search_space, inp.reference
         view = self._history(inp.history, space, ref, inp.prior)
-        history = inp.history if self.opts.history else inp.history[-1:]
+        history = self._shown(inp.history if self.opts.history else inp.history[-1:])
         values = {
             "workload": workload_block(inp.workload, space), "search_space": search_space_block(space),
             "history": fence(view.text, "pool-history"), "current": config_json(ref, space),

@@ -89,6 +89,11 @@ def parse_confidence(text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
+def without_confidence(text: str) -> str:
+    """`text` with every "(Confidence: N)" taken out."""
+    return re.sub(r"\s*" + _CONFIDENCE.pattern, "", text, flags=re.I).strip()
+
+
 def _scalar(raw: str) -> str:
     return raw.strip().strip("'\"`*").rstrip(".,;:)")
 

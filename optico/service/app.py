@@ -135,16 +135,18 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
             exc.status_code, detail=scrub(exc.detail), headers=exc.headers))
 
     @app.middleware("http")
-    async def refuse_nul(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature
-        # A NUL is in no name or key OptiCo stores, and PostgreSQL refuses to bind one (a DataError,
-        # which would read as a database outage): refused where it comes in, naming the parameter.
-        where = _nul_parameter(request)
-        if where is not None:
-            refused = await _unauthenticated_api_call(request)  # the token first, as for every bad request
-            if refused is not None:
-                return refused
-            return JSONResponse({"detail": [{"loc": list(where), "msg": "contains a NUL character",
-                                             "type": "value_error"}]},
+    async def refuse_ambiguous_requests(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature
+        # Two Authorization headers: Starlette reads the first, a proxy or a log may read the other.
+        if len(request.headers.getlist("authorization")) > 1:
+            return JSONResponse({"detail": [{"loc": ["header", "authorization"], "msg": "given more than once",
+                                             "type": "value_error"}]}, status_code=status.HTTP_400_BAD_REQUEST)
+        refused = _refused_parameter(request)
+        if refused is not None:
+            answered = await _unauthenticated_api_call(request)  # the token first, as for every bad request
+            if answered is not None:
+                return answered
+            where, why = refused
+            return JSONResponse({"detail": [{"loc": list(where), "msg": why, "type": "value_error"}]},
                                 status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
         return await call_next(request)
 
@@ -318,11 +320,18 @@ def _echo(value: object) -> object:
     return redact(value if isinstance(value, str) else repr(value))[:200]  # redacted, then cut
 
 
-def _nul_parameter(request: Request) -> tuple[str, ...] | None:
-    """Where a NUL sits in the request's path or query (("path",) or ("query", name)), if anywhere."""
+def _refused_parameter(request: Request) -> tuple[tuple[str, ...], str] | None:
+    """Where the request's path or query holds what the API refuses, and why: a NUL (in no name or key
+    OptiCo stores, and PostgreSQL refuses to bind one, which read as a database outage), or an API
+    query parameter given twice (FastAPI keeps the last, a proxy or a log may have read the first; no
+    API parameter is a list). The dashboard's /compare takes `job` repeated, so only /api/ is checked."""
     if "\x00" in request.scope["path"]:  # percent-decoded
-        return ("path",)
+        return ("path",), "contains a NUL character"
+    api, seen = request.url.path.startswith("/api/"), set()
     for name, value in parse_qsl(request.url.query, keep_blank_values=True):
         if "\x00" in name or "\x00" in value:
-            return ("query", name.replace("\x00", "\\0"))
+            return ("query", redact(name.replace("\x00", "\\0"))[:200]), "contains a NUL character"
+        if api and name in seen:
+            return ("query", redact(name)[:200]), "given more than once"
+        seen.add(name)
     return None

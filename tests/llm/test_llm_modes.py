@@ -102,6 +102,21 @@ def test_require_llm_makes_a_fallback_an_error(db_url: str, fake_llm, tmp_path: 
     assert bad.exit_code == 2 and "--ablate: unknown ablation 'pool'" in bad.output
 
 
+def test_under_the_confidence_ablation_no_prompt_shows_a_confidence(db_url: str, fake_llm):
+    """The failure agent gets no answer, the rules diagnose the run, and they write "(Confidence: N)";
+    the later prompts showed it in the history (found by the llama.cpp job, whose 135M model's
+    diagnosis was refused now and then)."""
+    server = fake_llm(lambda call: Reply(status=500, error="down") if call.role == "failure" else None,
+                      max_attempts=1)
+    result, store = run_llm_job(db_url, llm_spec(4, ReasonerSpec.every("llm-led", ablate=["confidence"])),
+                                FailingAt({2: OOM_LOG}))
+    assert result["trials"][1]["decided_by"]["failure"]["reasoner"] == "rules"
+    assert "(Confidence:" in result["trials"][1]["failure"]["summary"]  # the rules' diagnosis, as stored
+    later = [c for c in server.calls if c.role in ("analysis", "generation") and "#2" in c.user]
+    assert later and all("Confidence" not in c.user for c in later)
+    store.close()
+
+
 @pytest.mark.parametrize("ablation", ["history", "failure-analysis", "cot", "confidence"])
 def test_each_ablation_changes_what_is_asked(db_url: str, fake_llm, ablation: str):
     server = fake_llm()

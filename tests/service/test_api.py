@@ -495,6 +495,23 @@ def test_odd_but_well_formed_requests_get_4xx_not_500(served: tuple[Service, dic
         # Without a token, the token is what is wrong first (it answered the NUL, to anyone).
         anonymous = httpx.get(f"{service.url}{path}")
         assert anonymous.status_code == 401 and anonymous.headers["WWW-Authenticate"] == "Bearer", path
+    # An API query parameter given twice: FastAPI kept the last (limit=1&limit=2 listed two jobs).
+    response = http.get("/api/v1/jobs?limit=1&name=x&limit=2")
+    assert response.status_code == 422, response.text[:200]
+    assert response.json()["detail"] == [{"loc": ["query", "limit"], "msg": "given more than once", "type": "value_error"}]
+    assert httpx.get(f"{service.url}/api/v1/jobs?limit=1&limit=2").status_code == 401  # the token first
+    # No API parameter is a list, so the rule refuses nothing a client may mean (the dashboard's
+    # /compare?job=1&job=2 is one, and is not under /api/).
+    schema = http.get("/openapi.json").json()
+    lists = [(path, p["name"]) for path, item in schema["paths"].items() if path.startswith("/api/")
+             for operation in item.values() for p in operation.get("parameters", [])
+             if p["in"] == "query" and "array" in json.dumps(p["schema"])]
+    assert lists == []
+    assert http.get("/compare?job=1&job=2").status_code != 422
+    # Two Authorization headers: Starlette read the first, a proxy in front may read the other.
+    twice = httpx.get(f"{service.url}/api/v1/jobs", headers=[("Authorization", f"Bearer {tokens['write']}"),
+                                                             ("Authorization", "Bearer optico_w_forged")])
+    assert twice.status_code == 400 and twice.json()["detail"][0]["loc"] == ["header", "authorization"]
     # Non-finite numbers in a body: FastAPI's 422 echoed them, and JSON cannot carry them (a 500).
     job = submit(http, spec("odd-requests", max_trials=1)).json()
     for body in ('{"gpu_hours": 1e400}', '{"gpu_hours": NaN}', '{"max_trials": true}', '{"max_trials": "5"}'):
