@@ -50,9 +50,17 @@ class _Unpadded:
 # Spaces before a line break, also when a style's reset code sits between them (FORCE_COLOR in a pipe).
 _TRAILING_SPACES = re.compile(r" +(?=(?:\x1b\[[0-9;]*m)*\n)")
 
-# One console per stream for every command; ":ok:" in a file name is text, not an emoji.
-console = Console(file=_Unpadded("stdout"), emoji=False)  # type: ignore[arg-type]
-err = Console(file=_Unpadded("stderr"), emoji=False)  # type: ignore[arg-type]
+def _console(stream: str) -> Console:
+    """A console on sys.<stream>; ":ok:" in a file name is text, not an emoji. Rich fixes the width COLUMNS
+    gives when a console is built; like the stream, it is read at each print instead (a test sets it)."""
+    made = Console(file=_Unpadded(stream), emoji=False)  # type: ignore[arg-type]
+    made.width = None  # type: ignore[assignment]
+    return made
+
+
+# One console per stream for every command.
+console = _console("stdout")
+err = _console("stderr")
 
 
 def fail(message: str | SpecError, code: int = 2) -> NoReturn:

@@ -16,16 +16,6 @@ SHARED_DATA = REPO / "benchmarks" / "data" / "published"
 PACKAGED_OPTICO_CSV = REPO / "optico" / "data" / "optico_llama3_8b_a100.csv"
 
 
-@pytest.fixture(autouse=True)
-def _consoles_follow_columns() -> None:
-    """optico's consoles are module globals, and rich fixes the width COLUMNS gives when a console is
-    built: built while a test had set COLUMNS (test_first_hour's 80), they kept that width in every later
-    test of the process. Unfixed, they read COLUMNS (or the terminal) at each print."""
-    from optico import terminal
-
-    terminal.console.width = terminal.err.width = None  # type: ignore[assignment]
-
-
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'pool.db'}"
