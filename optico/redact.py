@@ -12,6 +12,9 @@ in URLs (with or without a user), JSON Web Tokens, and the well-known token form
 (`ghp_...`), Hugging Face (`hf_...`), AWS access key ids, Slack, Google API keys, GitLab, npm, PyPI,
 Stripe.
 
+A key with an invisible character inside, or wrapped across lines by a log, is found in the text
+without them and masked where it stands.
+
 Redact first, then truncate: a secret cut in half by truncation would no longer match.
 """
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -67,6 +70,9 @@ _SHAPES = [
 # than line breaks and tabs, zero-width and bidi format characters, the soft hyphen.
 _INVISIBLE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"
                         r"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+# What hides inside a key without showing: those, and a line break inside an unbroken run of text.
+_LINE_BREAK = re.compile(r"(\r\n|\r|\n)")
+_HIDING = re.compile(_INVISIBLE.pattern + r"|(?<=\S)(?:\r\n|\r|\n)(?=\S)")
 _MIN_SECRET_LEN = 4  # shorter values would mask ordinary words and numbers
 # Texts up to this long have their shapes masked through a cache: a stored message repeats the same
 # keys and knob values hundreds of times, and each costs a dozen regular-expression passes.
@@ -147,16 +153,35 @@ class Redactor:
         self._secrets = sorted({s for s in secrets if s and len(s) >= _MIN_SECRET_LEN}, key=len, reverse=True)
 
     def text(self, value: str) -> str:
-        masked = self._masked(value)
-        # A key with an invisible character inside ('sk-\x1b[0m...', a zero-width space, a bidi control):
-        # shown, the terminal or browser hides the character and the key reads whole. When taking them
-        # out reveals a secret, the text is kept without them, masked.
-        visible = _INVISIBLE.sub("", masked)
-        if visible != masked:
-            revealed = self._masked(visible)
-            if revealed != visible:
-                return revealed
-        return masked
+        # A key with something a reader does not see inside: an escape, a zero-width space, a bidi control
+        # ('sk-\x1b[0m...'), or a line break where a log wrapped it at its width. Shown, the halves read
+        # as one key; found in the text without them, the key is masked where it stands.
+        if not _HIDING.search(value):
+            return self._masked(value)
+        joined, origin = _without_hiding(value)
+        spans = [*self._spans(value), *((origin[a], origin[b - 1] + 1) for a, b in self._spans(joined))]
+        pieces, end = [], len(value)
+        for start, stop in reversed(_merged(spans)):
+            # The line breaks a key spans stay, so the lines around it keep their shape.
+            masked = (part if _LINE_BREAK.fullmatch(part) else MASK
+                      for part in _LINE_BREAK.split(value[start:stop]) if part)
+            pieces += [value[stop:end], "".join(masked)]
+            end = start
+        pieces.append(value[:end])
+        return "".join(reversed(pieces))
+
+    def _spans(self, value: str) -> Iterator[tuple[int, int]]:
+        """Where a secret stands in `value`: a known value, or the secret part of a credential shape."""
+        for secret in self._secrets:
+            at = value.find(secret)
+            while at >= 0:
+                yield at, at + len(secret)
+                at = value.find(secret, at + len(secret))
+        for pattern in _SHAPES:
+            for match in pattern.finditer(value):
+                start = match.end(1) if pattern.groups else match.start()
+                if match.end() > start:
+                    yield start, match.end()
 
     def _masked(self, value: str) -> str:
         for secret in self._secrets:
@@ -172,6 +197,31 @@ class Redactor:
         if isinstance(value, (list, tuple)):
             return [self.scrub(v) for v in value]
         return value
+
+
+def _without_hiding(value: str) -> tuple[str, list[int]]:
+    """`value` without what `_HIDING` matches, and for each character left its index in `value`."""
+    kept: list[str] = []
+    origin: list[int] = []
+    at = 0
+    for match in _HIDING.finditer(value):
+        kept.append(value[at:match.start()])
+        origin.extend(range(at, match.start()))
+        at = match.end()
+    kept.append(value[at:])
+    origin.extend(range(at, len(value)))
+    return "".join(kept), origin
+
+
+def _merged(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping or touching spans joined, in order."""
+    merged: list[tuple[int, int]] = []
+    for start, stop in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+        else:
+            merged.append((start, stop))
+    return merged
 
 
 def current() -> Redactor:

@@ -1,6 +1,7 @@
 """The regression webhook: a JSON POST that never blocks a tick and never leaks a secret.
 
-- sent from a daemon thread with a bounded timeout: a slow or dead receiver costs the tick nothing;
+- sent from a daemon thread with a bounded timeout for the whole exchange (not each read): a slow,
+  dead or trickling receiver costs the tick nothing;
 - the payload is redacted of every known secret (`optico.redact.scrub`);
 - only http(s) URLs, and redirects are never followed (a 3xx is reported as the receiver's answer):
   a receiver cannot bounce the request to another scheme or an internal address;
@@ -18,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import ipaddress
 import json
@@ -131,17 +133,56 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None  # urllib then raises HTTPError with the 3xx: reported, not followed
 
 
-def _pinned(connection: type[http.client.HTTPConnection], addresses: list[str], host: str,
-            **kwargs: Any) -> http.client.HTTPConnection:
-    """`connection` to `host` whose socket goes to one of `addresses`, in order, as the resolver's
-    answer would be tried: the Host header and TLS's server name and certificate check stay the name's."""
+class _Deadline:
+    """One exchange's time limit: when it is up, every socket the exchange opened (or opens later) is
+    shut down, so a blocked read returns at once whatever each read's own timeout."""
+
+    def __init__(self, seconds: float) -> None:
+        self.expired = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def start(self) -> None:
+        self._timer.start()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired.is_set():
+                _shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired.set()
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _watched(connection: type[http.client.HTTPConnection], addresses: list[str] | None,
+             deadline: _Deadline, host: str, **kwargs: Any) -> http.client.HTTPConnection:
+    """`connection` to `host` whose sockets `deadline` watches. With `addresses` the socket goes to one
+    of them, in order, as the resolver's answer would be tried: the Host header and TLS's server name
+    and certificate check stay the name's. Without, to `host` itself (the proxy)."""
     def connect(where: tuple[str, int], *args: Any, **kw: Any) -> socket.socket:
         error: OSError = OSError(f"no address for {host}")
-        for address in addresses:
+        for address in addresses or [where[0]]:
             try:
-                return socket.create_connection((address, where[1]), *args, **kw)
+                sock = socket.create_connection((address, where[1]), *args, **kw)
             except OSError as exc:
                 error = exc
+                continue
+            deadline.watch(sock)
+            return sock
         raise error
 
     conn = connection(host, **kwargs)
@@ -149,51 +190,59 @@ def _pinned(connection: type[http.client.HTTPConnection], addresses: list[str], 
     return conn
 
 
-class _PinnedHTTP(urllib.request.HTTPHandler):
-    def __init__(self, addresses: list[str]) -> None:
+class _WatchedHTTP(urllib.request.HTTPHandler):
+    def __init__(self, addresses: list[str] | None, deadline: _Deadline) -> None:
         super().__init__()
-        self.addresses = addresses
+        self.addresses, self.deadline = addresses, deadline
 
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(partial(_pinned, http.client.HTTPConnection, self.addresses), req)
+        return self.do_open(partial(_watched, http.client.HTTPConnection, self.addresses, self.deadline), req)
 
 
-class _PinnedHTTPS(urllib.request.HTTPSHandler):
-    def __init__(self, addresses: list[str]) -> None:
+class _WatchedHTTPS(urllib.request.HTTPSHandler):
+    def __init__(self, addresses: list[str] | None, deadline: _Deadline) -> None:
         super().__init__()
-        self.addresses = addresses
+        self.addresses, self.deadline = addresses, deadline
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(partial(_pinned, http.client.HTTPSConnection, self.addresses), req,
+        return self.do_open(partial(_watched, http.client.HTTPSConnection, self.addresses, self.deadline), req,
                             context=self._context)
 
 
-def _opener(url: str) -> urllib.request.OpenerDirector:
+def _opener(url: str, deadline: _Deadline) -> urllib.request.OpenerDirector:
     """Straight to the checked address; through the proxy where the environment names one for it,
     without a lookup here: the proxy resolves the name (a network whose hosts reach the outside only
     through it often cannot resolve outside names at all), and its policy decides."""
     parts = urlsplit(url)
     if urllib.request.getproxies().get(parts.scheme) and not urllib.request.proxy_bypass(parts.hostname or ""):
-        return urllib.request.build_opener(_NoRedirects())
+        return urllib.request.build_opener(_NoRedirects(), _WatchedHTTP(None, deadline), _WatchedHTTPS(None, deadline))
     addresses = _checked_addresses(url)
-    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects(), _PinnedHTTP(addresses),
-                                       _PinnedHTTPS(addresses))
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects(),
+                                       _WatchedHTTP(addresses, deadline), _WatchedHTTPS(addresses, deadline))
 
 
 def post(url: str, payload: dict[str, Any], *, timeout_s: float = TIMEOUT_S) -> int | str:
-    """POSTs `payload` (redacted) now; returns the HTTP status or the error text. Never raises."""
+    """POSTs `payload` (redacted) now; returns the HTTP status or the error text. Never raises.
+    `timeout_s` bounds the whole exchange once connected, not each read: a receiver trickling its
+    answer a byte at a time is cut off like a silent one."""
+    deadline = _Deadline(timeout_s)
     try:
         check_webhook_url(url)
-        opener = _opener(url)
+        opener = _opener(url, deadline)
         body = json.dumps(redact.scrub(payload), default=str).encode()
         request = urllib.request.Request(url, data=body, method="POST", headers={
             "Content-Type": "application/json", "User-Agent": f"optico/{__version__}"})
+        deadline.start()
         with opener.open(request, timeout=timeout_s) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
     except Exception as exc:  # noqa: BLE001 - a notification must never break a tick
+        if deadline.expired.is_set():
+            return f"timed out: no whole answer within {timeout_s:g} s"
         return redact.clip(f"{type(exc).__name__}: {exc}", 300)
+    finally:
+        deadline.cancel()
 
 
 def notify(url: str | None, payload: dict[str, Any], *, timeout_s: float = TIMEOUT_S) -> threading.Thread | None:

@@ -291,6 +291,18 @@ def test_a_key_with_an_invisible_character_inside_is_still_masked():
     assert r.text("plain \x1b[31mred\x1b[0m text") == "plain \x1b[31mred\x1b[0m text"
 
 
+def test_a_key_wrapped_across_lines_is_masked_whole_and_the_lines_keep_their_shape():
+    """A log wraps a long key at its width: read on screen, the halves make the key. Each half is masked
+    and the line break stays; line breaks between ordinary words change nothing."""
+    key = "probeSECRETkey1234567890abcdef"
+    r = Redactor([key])
+    assert r.text(f"echo probeSECRETk\ney1234567890abcdef end\nnext") == "echo ***\n*** end\nnext"
+    wrapped = "key sk-a1B2a1B2a1B2a1B2\r\na1B2a1B2a1B2a1B2a1B2 tail"
+    assert r.text(wrapped) == "key ***\r\n*** tail"
+    log = "step 1 | loss 2.3\nstep 2 | loss 2.1\r\nsk-notakey\ndone"
+    assert r.text(log) == log
+
+
 def test_secret_names_and_signed_urls():
     from optico.redact import is_secret_name, redact
 

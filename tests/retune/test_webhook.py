@@ -72,6 +72,35 @@ def test_redirects_are_not_followed_and_a_slow_receiver_costs_at_most_the_timeou
     assert time.monotonic() - started < 0.2  # the caller (a tick) never waits
 
 
+def test_a_receiver_trickling_its_answer_is_cut_off_at_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each byte of the answer comes well within the timeout, the whole never does: the limit is on the
+    exchange, not on each read, so the sending thread does not live as long as the receiver likes."""
+    monkeypatch.setenv("OPTICO_WEBHOOK_ALLOW_LOCAL", "true")
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 204 No Content\r\nX-Pad: " + b"a" * 400:
+                if stop.is_set():
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+                time.sleep(0.1)
+
+    threading.Thread(target=trickle, daemon=True).start()
+    started = time.monotonic()
+    answer = post(f"http://127.0.0.1:{listener.getsockname()[1]}/hook", {"x": 1}, timeout_s=1.0)
+    took = time.monotonic() - started
+    stop.set()
+    listener.close()
+    assert took < 3.0 and answer == "timed out: no whole answer within 1 s", (took, answer)
+
+
 @pytest.mark.parametrize("url, reason", [("file:///etc/passwd", "scheme 'file'"), ("ftp://x/y", "scheme 'ftp'"),
                                          ("https://", "no host"), ("hooks.example.com/x", "scheme 'none'"),
                                          ("https://hooks.example.com/\x1b]0;pwn\x07", "control character")])
