@@ -91,21 +91,20 @@ def _read_tables(option: str, paths: list[Path], strict: bool = False) -> list[t
     return tables
 
 
-def _write_row_records(path: Path, tables: list[list[Any]], constants: Constants) -> None:
-    """`--rows`: one CSV line per row of every table (`row_records`). Text cells are the tables' own:
+def _write_row_records(path: Path, records: list[dict[str, Any]]) -> None:
+    """`--rows`: one CSV line per row of every table (`row_record`). Text cells are the tables' own:
     redacted, shown as one line, and never the start of a spreadsheet formula."""
     import csv
 
-    from optico.perfmodel.evaluate import ROW_COLUMNS, row_records
+    from optico.perfmodel.evaluate import ROW_COLUMNS
     from optico.replay_rows import spreadsheet_safe
 
     with output_file(path, "--rows") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(ROW_COLUMNS))
         writer.writeheader()
-        for rows in tables:
-            for record in row_records(rows, constants):
-                writer.writerow(spreadsheet_safe({k: terminal_text(redact(v), one_line=True) if isinstance(v, str)
-                                                  else v for k, v in record.items()}))
+        for record in records:
+            writer.writerow(spreadsheet_safe({k: terminal_text(redact(v), one_line=True) if isinstance(v, str)
+                                              else v for k, v in record.items()}))
 
 
 def _output(path: Optional[Path], option: str) -> Optional[Path]:
@@ -163,13 +162,14 @@ def perfmodel_evaluate(
     else:
         constants = _calibration_in_use()
     tables = _read_tables("--data", data, strict=strict)
+    records: list[dict[str, Any]] | None = [] if rows_out is not None else None
     try:
         with row_progress(sum(len(rows) for _, (rows, _) in tables)) as on_row:
-            report = evaluate_tables([(path.name, rows) for path, (rows, _) in tables], constants, on_row)
+            report = evaluate_tables([(path.name, rows) for path, (rows, _) in tables], constants, on_row, records)
     except (ValueError, OSError) as exc:
         fail(SpecError("--data", first_line(exc)))
-    if rows_out is not None:
-        _write_row_records(rows_out, [rows for _, (rows, _) in tables], constants)
+    if rows_out is not None and records is not None:
+        _write_row_records(rows_out, records)
     if report_rows:
         for _, (_, file_report) in tables:
             # Headers, cells and file names are the file's: every line redacted and escaped for the terminal.

@@ -141,6 +141,7 @@ class RowFigures:
     measured_mfu: float | None
     predicted_mem_gib: float | None
     key: str  # the workload, for the rank correlation
+    stated: Prediction | None  # the prediction of the row as it reads, when it has no unknown cell
 
 
 def row_figures(row: ReplayRow, c: Constants) -> RowFigures:
@@ -160,10 +161,11 @@ def row_figures(row: ReplayRow, c: Constants) -> RowFigures:
         mem = _agreed([_memory_as_measured(row, p) for _, _, p in preds])
     # Configurations are ranked against others of the same workload measured with the same software.
     key = f"{row.workload.key()}|{software(row)}" if not row.unknown else f"{row.where}"
-    return RowFigures(fits, pred_mfu, meas_mfu, mem, key)
+    stated = preds[0][2] if not row.unknown and preds else None
+    return RowFigures(fits, pred_mfu, meas_mfu, mem, key, stated)
 
 
-# The columns of `row_records` (`optico perfmodel evaluate --rows`); errors are (predicted − measured)
+# The columns of `row_record` (`optico perfmodel evaluate --rows`); errors are (predicted − measured)
 # / measured: below 0, the model predicts less than was measured.
 ROW_COLUMNS: tuple[str, ...] = ("file", "line", "model", "result", "skip_reason", "unknown_cells", "predicted_fits",
                                 "measured_mfu", "predicted_mfu", "mfu_error", "measured_mem_gib",
@@ -178,49 +180,54 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def row_records(rows: list[ReplayRow], c: Constants) -> list[dict[str, Any]]:
-    """Each row's predictions beside its measurements, as `score_rows` scores them: a figure the row
+def row_record(row: ReplayRow, figures: RowFigures | None) -> dict[str, Any]:
+    """One row's predictions beside its measurements, as `score_rows` scores them: a figure the row
     does not determine (it depends on an unknown cell, the row did not run, its times are not tuned
-    throughput) is None, and so is every figure of a skipped row."""
-    out = []
-    for row in rows:
-        record: dict[str, Any] = dict.fromkeys(ROW_COLUMNS)
-        record.update(file=row.file, line=row.line, model=row.model_name, result=row.result,
-                      skip_reason=row.skip_reason or "", unknown_cells=" ".join(row.unknown))
-        if row.read and row.workload is not None and row.strategy is not None:
-            figures = row_figures(row, c)
-            mem_measured = row.mem_max_gib if figures.predicted_mem_gib is not None else None
-            record.update(predicted_fits=figures.fits, measured_mfu=_rounded(figures.measured_mfu),
-                          predicted_mfu=_rounded(figures.predicted_mfu),
-                          mfu_error=_relative_error(figures.predicted_mfu, figures.measured_mfu),
-                          measured_mem_gib=_rounded(mem_measured),
-                          predicted_mem_gib=_rounded(figures.predicted_mem_gib),
-                          mem_error=_relative_error(figures.predicted_mem_gib, mem_measured))
-        out.append(record)
-    return out
+    throughput) is None, and so is every figure of a skipped row (`figures` None)."""
+    record: dict[str, Any] = dict.fromkeys(ROW_COLUMNS)
+    record.update(file=row.file, line=row.line, model=row.model_name, result=row.result,
+                  skip_reason=row.skip_reason or "", unknown_cells=" ".join(row.unknown))
+    if figures is not None:
+        mem_measured = row.mem_max_gib if figures.predicted_mem_gib is not None else None
+        record.update(predicted_fits=figures.fits, measured_mfu=_rounded(figures.measured_mfu),
+                      predicted_mfu=_rounded(figures.predicted_mfu),
+                      mfu_error=_relative_error(figures.predicted_mfu, figures.measured_mfu),
+                      measured_mem_gib=_rounded(mem_measured),
+                      predicted_mem_gib=_rounded(figures.predicted_mem_gib),
+                      mem_error=_relative_error(figures.predicted_mem_gib, mem_measured))
+    return record
 
 
-def score_rows(rows: list[ReplayRow], c: Constants, on_row: Callable[[], None] | None = None
-               ) -> tuple[Scores, list[RowResult]]:
+def _readable(row: ReplayRow) -> bool:
+    return row.read and row.workload is not None and row.strategy is not None
+
+
+def score_rows(rows: list[ReplayRow], c: Constants, on_row: Callable[[], None] | None = None,
+               records: list[dict[str, Any]] | None = None) -> tuple[Scores, list[RowResult]]:
     """Scores of `rows` at constants `c`; `on_row` is called after each row (a progress bar: a row
-    with unknown cells is predicted once per plausible variant, up to 64, ~1 ms each)."""
+    with unknown cells is predicted once per plausible variant, up to 64, ~1 ms each). With `records`,
+    each row's `row_record` is appended to it from the same predictions."""
     scores, results = Scores(rows=len(rows)), []
     for row in rows:
         if on_row is not None:
             on_row()
-        if not row.read or row.workload is None or row.strategy is None:
+        if not _readable(row):
             scores.skipped += 1
             key = reason_kind(row.skip_reason or "incomplete")
             scores.skip_reasons[key] = scores.skip_reasons.get(key, 0) + 1
+            if records is not None:
+                records.append(row_record(row, None))
             continue
         figures = row_figures(row, c)
+        if records is not None:
+            records.append(row_record(row, figures))
         if row.unknown:
             scores.partial += 1
         if row.result == "ok" and not tuned_throughput(row):
             scores.mfu_unscored += 1
-        if row.usable:
-            pred = predict(row.workload, row.strategy, c)
-            results.append(RowResult(row, pred, figures.measured_mfu, _memory_as_measured(row, pred)))
+        if row.usable and figures.stated is not None:
+            results.append(RowResult(row, figures.stated, figures.measured_mfu,
+                                     _memory_as_measured(row, figures.stated)))
         if row.result in ("ok", "oom") and figures.fits is not None:
             scores.oom_rows += 1
             scores.oom_correct += int(figures.fits == (row.result == "ok"))
@@ -239,12 +246,14 @@ def evaluate_files(paths: list[str | Path], constants: Constants | None = None, 
 
 
 def evaluate_tables(tables: list[tuple[str, list[ReplayRow]]], constants: Constants | None = None,
-                    on_row: Callable[[], None] | None = None) -> dict[str, Any]:
-    """`evaluate_files` on rows already read: (file name, its rows) per file; `on_row` as in `score_rows`."""
+                    on_row: Callable[[], None] | None = None, records: list[dict[str, Any]] | None = None
+                    ) -> dict[str, Any]:
+    """`evaluate_files` on rows already read: (file name, its rows) per file; `on_row` and `records`
+    as in `score_rows`."""
     c = constants or load_constants()
     overall, files, details = Scores(), {}, {}
     for name, rows in tables:
-        scores, _ = score_rows(rows, c, on_row)
+        scores, _ = score_rows(rows, c, on_row, records)
         files[name] = scores.as_dict()
         details[name] = scores.details()
         overall.merge(scores, name)
