@@ -59,7 +59,10 @@ Rules that are decisions rather than parsing, in one place:
   --pipeline-model-parallel-layout) is read with stage sizes approximated (as even as the count
   allows, as such layouts are written), and says so.
 - Notes that carry "args: name=value, ..." add what they state: any knob flag of the
-  registry (`optico.knobs`), kv-channels, untied embeddings, shared-expert size.
+  registry (`optico.knobs`), kv-channels, untied embeddings, shared-expert size. A knob flag
+  named elsewhere in the notes ("--tp-comm-overlap") was passed, unless negated just before;
+  the args list wins. A stated knob brings the switches Megatron refuses it without (TP comm
+  overlap: SP) where the row leaves them empty; at TP 1 nothing that needs SP applies.
 - Skipped, with the reason: no architecture (no dimensions and no preset), an unknown GPU,
   an unmodelled precision, MLA or Mamba layers without a preset, LoRA fine-tuning,
   Megatron-FSDP / ZeRO-2/3, an MoE row without topk, no result and no measurement, a layout
@@ -278,6 +281,20 @@ def _megatron_args(notes: str) -> dict[str, str] | None:
     if not found:
         return None
     return dict(re.findall(r"([a-z][a-z0-9-]*)=([^,;\s]+)", found.group(1)))
+
+
+# A knob flag named in free-text notes ("comm overlap flags --overlap-grad-reduce --tp-comm-overlap")
+# states that the run passed it, unless a negation comes just before ("without --tp-comm-overlap").
+_KNOB_FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)(?![\w-])")
+_NEGATED = re.compile(r"(?i)\b(?:no|not|without|disabled?|off)\W*$")
+
+
+def _notes_flags(notes: str) -> dict[str, str]:
+    """Knob flags the notes name as passed, outside an 'args:' list, as `name=true` arguments."""
+    text = notes.split("args:", 1)[0]
+    flags = {flag[2:] for knob in KNOBS for flag in knob.flags}
+    return {m.group(1): "true" for m in _KNOB_FLAG.finditer(text)
+            if m.group(1) in flags and not _NEGATED.search(text[max(0, m.start() - 12):m.start()])}
 
 
 def _says_oom(cell: str | None) -> bool:
@@ -641,11 +658,33 @@ def _build_strategy(p: _Parse, ints: dict[str, int | None], args: dict[str, str]
     if args:
         stated = _knob_args(args, model.num_layers, ints["pp"])
         # A dense model has no experts to dispatch: a table's 'All-to-All' on its row says nothing.
-        data.update({name: value for name, value in stated.items() if model.is_moe or not BY_NAME[name].moe_only})
+        stated = {name: value for name, value in stated.items() if model.is_moe or not BY_NAME[name].moe_only}
+        data.update(stated)
+        given = set(stated) | ({"sequence_parallel"} if sp is not UNKNOWN else set()) \
+            | ({"use_distributed_optimizer"} if dist_opt is not UNKNOWN else set())
+        data.update(_required_switches(stated, given))
     if tp == 1:
-        # Megatron-LM's validate_args turns SP off with a warning at TP 1, so such a run had none.
+        # Megatron-LM's validate_args turns SP off with a warning at TP 1, so such a run had none, and
+        # nothing that needs SP (a table-wide note names --tp-comm-overlap for every row): no TP traffic.
         data["sequence_parallel"] = False
+        data.update({name: BY_NAME[name].default for name in data if name in BY_NAME
+                     and any("sequence_parallel" in rule.involves for rule in BY_NAME[name].requires)})
     return Strategy.model_validate(data)
+
+
+def _required_switches(stated: dict[str, Any], given: set[str]) -> dict[str, bool]:
+    """Switches a run must have had on, since Megatron-LM refuses a stated knob without them (TP
+    communication overlap without sequence parallelism): each switch a stated knob's requirement
+    involves, where the row does not say otherwise."""
+    out: dict[str, bool] = {}
+    for name, value in stated.items():
+        knob = BY_NAME[name]
+        if value == knob.default:
+            continue
+        for rule in knob.requires:
+            out.update({other: True for other in rule.involves
+                        if other not in given and other in BY_NAME and BY_NAME[other].is_bool})
+    return out
 
 
 def _derive_missing_degree(p: _Parse, ints: dict[str, int | None]) -> None:
@@ -764,6 +803,8 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
     workload: Workload | None = None
     strategy: Strategy | None = None
     args = _megatron_args(notes)
+    if named := _notes_flags(notes):
+        args = {**named, **(args or {})}  # an 'args:' list is the run's own: it wins
     args = _moe_columns(p, args)
     try:
         model = _build_model(p, ints, args)

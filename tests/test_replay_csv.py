@@ -324,6 +324,25 @@ def test_args_in_notes(tmp_path: Path) -> None:
     assert not tied.workload.model.untie_embeddings_and_output_weights
 
 
+def test_knob_flags_named_in_notes_and_what_megatron_requires_of_them(tmp_path: Path) -> None:
+    """A table's note naming the flags its runs passed states them; Megatron-LM refuses TP communication
+    overlap without sequence parallelism, so such a run had SP even where the SP cell is empty. A cell
+    that says otherwise wins (the row is then refused), a negated flag states nothing, and at TP 1 the
+    note's TP overlap does not apply (no TP traffic)."""
+    note = "comm overlap flags --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap; mfu as reported"
+    s = one(tmp_path, tp="4", num_gpus="8", notes=note).strategy
+    assert s.sequence_parallel and s.tp_comm_overlap and s.overlap_grad_reduce and s.overlap_param_gather
+    assert not one(tmp_path, tp="4", num_gpus="8").strategy.sequence_parallel  # Megatron-LM's default
+    refused = one(tmp_path, tp="4", num_gpus="8", sequence_parallel="false", notes=note)
+    assert not refused.usable and "sequence parallelism" in refused.skip_reason
+    tp1 = one(tmp_path, tp="1", notes=note)
+    assert tp1.usable and not tp1.strategy.tp_comm_overlap and tp1.strategy.overlap_grad_reduce
+    plain = one(tmp_path, tp="4", num_gpus="8", notes="ran without --tp-comm-overlap; see --help").strategy
+    assert not plain.tp_comm_overlap and not plain.sequence_parallel
+    overridden = one(tmp_path, tp="4", num_gpus="8", notes="--tp-comm-overlap; args: tp-comm-overlap=False")
+    assert not overridden.strategy.tp_comm_overlap  # the run's own argument list wins
+
+
 @pytest.mark.parametrize("cells, reason", [
     (dict(gpu=""), "missing required input(s): gpu"),
     (dict(num_layers="", model="Mystery-9B"), "no preset matches the model name 'Mystery-9B'"),
