@@ -66,6 +66,27 @@ def flops_per_token(m: ModelArch, seq_length: int, tp: int = 1) -> float:
     return _transformer_flops_per_token(m, seq_length, tp)
 
 
+def core_attention_flops_per_token(m: ModelArch, seq_length: int) -> float:
+    """The part of `flops_per_token` that the attention scores and their product with V take, causal:
+    the part an older count that ignored the causal mask (Megatron-LM before core v0.12, NeMo before
+    2025-08, Narayanan et al. 2021's Eq. 3) counted twice."""
+    if m.multi_latent_attention:
+        n, qk, rope, v = m.num_attention_heads, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim
+        per_layer = 3 * 2 * (seq_length * n * (qk + rope) / 2 + seq_length * n * v / 2)
+    else:
+        per_layer = 3 * 2 * m.head_dim * m.num_attention_heads * seq_length
+    if m.is_hybrid:
+        layers = (m.hybrid_override_pattern or "").count("*")
+    else:
+        layers = m.num_layers + (m.mtp_num_layers or 0)
+    return per_layer * layers
+
+
+def logits_flops_per_token(m: ModelArch, tp: int = 1) -> float:
+    """The part of `flops_per_token` that the output layer takes (forward and backward)."""
+    return 3 * 2 * m.hidden_size * m.padded_vocab(tp) * ((m.mtp_num_layers or 0) + 1 if not m.is_hybrid else 1)
+
+
 def flops_per_iteration(w: Workload, tp: int = 1) -> float:
     """Model FLOPs of one global batch."""
     return w.global_batch_size * w.seq_length * flops_per_token(w.model, w.seq_length, tp)

@@ -42,6 +42,13 @@ Rules that are decisions rather than parsing, in one place:
   say "recompute forward pass", "HFU-like" or "hardware FLOPs", or its source is DLPerf or
   Narayanan et al. 2021 (arXiv 2104.04473). "MFU/HFU columns ... not transcribed" does not
   match: it names the columns, it does not describe the figures.
+- Full-attention counts (`counts_full_attention`): Megatron-LM's FLOPs formula counted the whole
+  attention score matrix until core v0.12 (2025-03; halved for the causal mask since), NeMo's
+  until 2025-08, and so does Narayanan et al. 2021's Eq. 3. A row whose source names such a
+  version ("Megatron-Core r0.8.0", "container NeMo 24.03.01", "NeMo 25.04.rc2") or that paper
+  states figures on that count; a source naming no version is taken on our (causal) count.
+  A stated MFU or TFLOP/s is brought to our count by `stated_flops_ratio`; a step time needs
+  nothing (it is converted with our formula).
 - gpus_per_node: 8 (DGX/HGX A100, H100, H200, B200, B300 and the V100 servers), except
   GB200/GB300 where a "node" is the 72-GPU NVL72 rack: what gpus_per_node decides in
   OptiCo is which traffic stays on NVLink, and in an NVL72 rack all 72 GPUs share one
@@ -84,7 +91,12 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
 
 from optico.errors import SpecError, loc_fields
-from optico.flops import flops_per_iteration
+from optico.flops import (
+    core_attention_flops_per_token,
+    flops_per_iteration,
+    flops_per_token,
+    logits_flops_per_token,
+)
 from optico.gpus import GPUS, Precision, normalize_gpu_name
 from optico.input_files import read_text
 from optico.knobs import BY_NAME, KNOBS
@@ -157,7 +169,7 @@ NVL72_GPUS = frozenset({"gb200", "gb300"})
 NVL72_GPUS_USED = 64
 
 # Full recompute runs each layer's forward twice: forward + recompute + backward (2x forward)
-# = 4 forward-equivalents where model FLOPs count 3. Hardware-FLOP figures are 4/3 of model ones.
+# = 4 forward-equivalents where model FLOPs count 3 (the output layer is not recomputed).
 FULL_RECOMPUTE_HFU_RATIO = 4.0 / 3.0
 
 
@@ -227,6 +239,9 @@ class ReplayRow(BaseModel):
     mem_max_gib: float | None = None
     counts_recompute: bool = Field(False, description="tflops_per_gpu and mfu count the recompute forward pass "
                                                       "(hardware FLOPs), not model FLOPs.")
+    counts_full_attention: bool = Field(False, description="tflops_per_gpu and mfu count attention without its "
+                                                           "causal mask (the whole score matrix), as older "
+                                                           "formulas did; see `full_attention_count`.")
     memory_measure: Literal["", "allocated", "reserved"] = Field(
         "", description="What the memory column's header says it measured (torch's max allocated or reserved).")
     skip_reason: str | None = Field(None, description="Why the row cannot be used at all; None = read.")
@@ -373,6 +388,29 @@ def counts_recompute_flops(source: str, notes: str) -> bool:
     text = f"{source} {notes}".lower()
     return any(k in text for k in ("recompute forward pass", "hfu-like", "hardware flops", "dlperf",
                                    "narayanan et al. 2021", "2104.04473"))
+
+
+# Versions whose FLOPs formula counted the whole attention score matrix: Megatron-LM's
+# num_floating_point_operations until core v0.12 (commit 8873b55d6a, 2025-03-06, halved it for the
+# causal mask) and NeMo's flops_formulas until 2025-08-09 (commit 6251117f4c); NeMo 1.x containers had
+# no formula, and their published TFLOP/s match the full count.
+_MEGATRON_CORE_RELEASE = re.compile(r"(?i)\b(?:megatron[- ]core|mcore|core)[ _]?[rv]?0\.(\d+)\b")
+_NEMO_RELEASE = re.compile(r"(?i)\bnemo\s+(?:container\s+)?(\d{2})\.(\d{2})")
+
+
+def full_attention_count(source: str, notes: str) -> bool:
+    """Whether the row's stated TFLOP/s and MFU count attention without the causal mask: Narayanan et
+    al. 2021's Eq. 3; Megatron-LM's own figures before core v0.12 (a source naming 'Megatron-Core
+    r0.8.0'); NeMo's before its 25.09 release ('container NeMo 24.03.01', 'NeMo 25.04.rc2'). A source
+    that names no version is taken at its word, on our (causal) count."""
+    text = f"{source} {notes}"
+    if "2104.04473" in text or re.search(r"(?i)narayanan et al\.? 2021", text):
+        return True
+    core = _MEGATRON_CORE_RELEASE.search(text)
+    if core:
+        return int(core.group(1)) < 12
+    nemo = _NEMO_RELEASE.search(text)
+    return bool(nemo) and (int(nemo.group(1)), int(nemo.group(2))) < (25, 9)
 
 
 def _special_architecture(name: str, notes: str) -> str | None:
@@ -830,6 +868,7 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
         p.problems += _layout_problems(workload, strategy, ints["dp"], p)
     row = ReplayRow(file=file, line=line, model_name=name, source=source, notes=notes, workload=workload,
                     strategy=strategy, result=result, counts_recompute=counts_recompute_flops(source, notes),
+                    counts_full_attention=full_attention_count(source, notes),
                     skip_reason="; ".join(p.problems) or None, unknown=p.unknown, inferred=p.inferred,
                     malformed=p.malformed, **measured)
     problem = impossible_measurement(row) if row.usable else None
@@ -980,6 +1019,7 @@ class FileReport:
     repeated_columns: dict[str, str] = field(default_factory=dict)
     skipped_rows: list[str] = field(default_factory=list)  # "file:line: reason"
     hardware_flops: int = 0  # rows read whose TFLOP/s count the recompute pass (see counts_recompute)
+    full_attention: int = 0  # rows read whose TFLOP/s count attention without its mask (counts_full_attention)
 
     def add(self, row: ReplayRow) -> None:
         self.rows += 1
@@ -987,6 +1027,8 @@ class FileReport:
             self.read += 1
             self.hardware_flops += int(row.counts_recompute and row.strategy is not None
                                        and row.strategy.recompute == "full"
+                                       and (row.tflops_per_gpu is not None or row.mfu is not None))
+            self.full_attention += int(row.counts_full_attention and not row.step_time_s
                                        and (row.tflops_per_gpu is not None or row.mfu is not None))
             self.complete += int(not row.unknown)
             self.unknown.update(row.unknown.keys())
@@ -1013,6 +1055,9 @@ class FileReport:
         if self.hardware_flops:
             lines.append(f"  TFLOP/s and MFU read as hardware FLOPs (the recompute pass counted, as the source or "
                          f"notes say) on {self.hardware_flops} rows")
+        if self.full_attention:
+            lines.append(f"  TFLOP/s and MFU brought to the causal attention count (the source's software counted the "
+                         f"whole score matrix) on {self.full_attention} rows")
         if self.inferred:
             lines.append("  derived or assumed: " + "; ".join(f"{clip(k, 100)} ({n})"
                                                            for k, n in self.inferred.most_common(8)))
@@ -1169,17 +1214,31 @@ def tuned_throughput(row: ReplayRow) -> bool:
     return "not tuned" not in row.notes.lower()
 
 
+def stated_flops_ratio(row: ReplayRow, w: Workload, s: Strategy) -> float:
+    """Our model FLOPs over the FLOPs the row's source counted for its stated TFLOP/s and MFU: 1 for a
+    source on our count; below 1 for one that counted attention without its causal mask
+    (`counts_full_attention`: 0.89 for Llama-3 8B at 8K tokens, 0.51 at 1M) or, under full recompute,
+    the recompute forward pass (`counts_recompute`: the layers' FLOPs × 4/3, the output layer's once —
+    Narayanan et al.'s Eq. 3 exactly for their GPT models)."""
+    m, tp = w.model, s.tp
+    ours = flops_per_token(m, w.seq_length, tp)
+    theirs = ours + (core_attention_flops_per_token(m, w.seq_length) if row.counts_full_attention else 0.0)
+    if row.counts_recompute and s.recompute == "full":
+        logits = logits_flops_per_token(m, tp)
+        theirs = (theirs - logits) * FULL_RECOMPUTE_HFU_RATIO + logits
+    return ours / theirs
+
+
 def measured_mfu(row: ReplayRow, workload: Workload | None = None, strategy: Strategy | None = None) -> float | None:
     """MFU on Megatron-LM's model FLOPs (optico.flops), comparable across sources; for a row with
     unknown cells, as one of its `variants` (`workload`, `strategy`) would have it.
 
     - From step_time_s when given: flops_per_iteration / (step_time · world · peak). This is the
       only figure computed with our own FLOPs formula, so it is preferred.
-    - Else the mfu column, else tflops_per_gpu / peak. When the row counts the recompute forward
-      pass (`counts_recompute`) and recomputes fully, these are hardware FLOPs: forward +
-      recompute + backward = 4 forward-equivalents against the model's 3, so divide by 4/3.
-      (Approximate: Narayanan's Eq. 3 does not recompute the logits, so its true ratio is a
-      little below 4/3 for small models.)
+    - Else the mfu column, else tflops_per_gpu / peak, brought to our FLOPs count by
+      `stated_flops_ratio` (a source that counted the recompute pass or attention without its
+      causal mask states a larger figure for the same run).
+    - Else tokens_per_s_per_gpu, through our FLOPs per token.
     None for rows that did not run (oom/error), skipped rows and rows with no throughput figure.
     """
     w, s = workload or row.workload, strategy or row.strategy
@@ -1188,11 +1247,10 @@ def measured_mfu(row: ReplayRow, workload: Workload | None = None, strategy: Str
     peak = w.peak_tflops
     if row.step_time_s:
         return flops_per_iteration(w, s.tp) / (row.step_time_s * w.world_size * peak * 1e12)
-    hfu = FULL_RECOMPUTE_HFU_RATIO if row.counts_recompute and s.recompute == "full" else 1.0
     if row.mfu is not None:
-        return row.mfu / hfu
+        return row.mfu * stated_flops_ratio(row, w, s)
     if row.tflops_per_gpu is not None:
-        return row.tflops_per_gpu / peak / hfu
+        return row.tflops_per_gpu / peak * stated_flops_ratio(row, w, s)
     if row.tokens_per_s_per_gpu is not None:
         return row.tokens_per_s_per_gpu * flops_per_iteration(w, s.tp) / (w.global_batch_size * w.seq_length) \
             / (peak * 1e12)
