@@ -394,8 +394,8 @@ def counts_recompute_flops(source: str, notes: str) -> bool:
 # num_floating_point_operations until core v0.12 (commit 8873b55d6a, 2025-03-06, halved it for the
 # causal mask) and NeMo's flops_formulas until 2025-08-09 (commit 6251117f4c); NeMo 1.x containers had
 # no formula, and their published TFLOP/s match the full count.
-_MEGATRON_CORE_RELEASE = re.compile(r"(?i)\b(?:megatron[- ]core|mcore|core)[ _]?[rv]?0\.(\d+)\b")
-_NEMO_RELEASE = re.compile(r"(?i)\bnemo\s+(?:container\s+)?(\d{2})\.(\d{2})")
+_MEGATRON_CORE_RELEASE = re.compile(r"(?i)\b(?:megatron[- _]core|mcore|core)[ _=]*[rv]?0\.(\d+)\b")
+_NEMO_RELEASE = re.compile(r"(?i)\bnemo(?:[\s:]+container)?[\s:]+v?(\d{2})\.(\d{2})")
 
 
 def full_attention_count(source: str, notes: str) -> bool:

@@ -396,6 +396,7 @@ def test_measured_mfu_order(tmp_path: Path) -> None:
     ("Megatron-LM README table (Megatron-Core r0.8.0, H100)", True), ("golden values, core_r0.11.0", True),
     ("golden values, core_v0.12.0", False), ("megatron-core 0.16.1", False),
     ("docs (container NeMo 24.03.01)", True), ("NeMo 25.04.rc2", True), ("container NeMo 25.09", False),
+    ("image nvcr.io/nvidia/nemo:24.07", True), ("megatron-core==0.11.0", True), ("megatron_core 0.13", False),
     ("Megatron-Bridge release 26.08", False), ("Narayanan et al. 2021 (arXiv 2104.04473)", True),
     ("Korthikanti et al. 2022", False), ("our own sweep", False)])
 def test_stated_figures_of_a_full_attention_count_come_down_to_ours(tmp_path: Path, source: str, full: bool) -> None:
