@@ -20,6 +20,7 @@ Redact first, then truncate: a secret cut in half by truncation would no longer 
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 import threading
@@ -158,8 +159,9 @@ class Redactor:
         # as one key; found in the text without them, the key is masked where it stands.
         if not _HIDING.search(value):
             return self._masked(value)
-        joined, origin = _without_hiding(value)
-        spans = [*self._spans(value), *((origin[a], origin[b - 1] + 1) for a, b in self._spans(joined))]
+        joined = _Joined(value)
+        spans = [*self._spans(value),
+                 *((joined.origin(a), joined.origin(b - 1) + 1) for a, b in self._spans(joined.text))]
         pieces, end = [], len(value)
         for start, stop in reversed(_merged(spans)):
             # The line breaks a key spans stay, so the lines around it keep their shape.
@@ -199,18 +201,27 @@ class Redactor:
         return value
 
 
-def _without_hiding(value: str) -> tuple[str, list[int]]:
-    """`value` without what `_HIDING` matches, and for each character left its index in `value`."""
-    kept: list[str] = []
-    origin: list[int] = []
-    at = 0
-    for match in _HIDING.finditer(value):
-        kept.append(value[at:match.start()])
-        origin.extend(range(at, match.start()))
-        at = match.end()
-    kept.append(value[at:])
-    origin.extend(range(at, len(value)))
-    return "".join(kept), origin
+class _Joined:
+    """`value` without what `_HIDING` matches (`text`), and where each of its characters stood in `value`:
+    one offset per removed run, not one per character (a long log keeps its size)."""
+
+    def __init__(self, value: str) -> None:
+        kept: list[str] = []
+        self._starts: list[int] = [0]  # index in `text` from which `_shifts` at the same place applies
+        self._shifts: list[int] = [0]  # characters removed before that index
+        at = removed = 0
+        for match in _HIDING.finditer(value):
+            kept.append(value[at:match.start()])
+            removed += match.end() - match.start()
+            self._starts.append(match.end() - removed)
+            self._shifts.append(removed)
+            at = match.end()
+        kept.append(value[at:])
+        self.text = "".join(kept)
+
+    def origin(self, index: int) -> int:
+        """Where the character at `index` of `text` stands in `value`."""
+        return index + self._shifts[bisect.bisect_right(self._starts, index) - 1]
 
 
 def _merged(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
