@@ -25,6 +25,11 @@ def _attention_term(m: ModelArch, seq_length: int) -> float:
     return 2 * (h * (q + 2 * kv) + q * seq_length / 2 * 2 + q * h)
 
 
+def _output_layer_forward(m: ModelArch, tp: int) -> float:
+    """Per token, forward: the output layer's (logits') multiply-adds ×2, one output head."""
+    return 2 * m.hidden_size * m.padded_vocab(tp)
+
+
 def _transformer_flops_per_token(m: ModelArch, seq_length: int, tp: int) -> float:
     h, gate = m.hidden_size, 3 if m.swiglu else 2
     kinds = m.layer_kinds()
@@ -38,7 +43,7 @@ def _transformer_flops_per_token(m: ModelArch, seq_length: int, tp: int) -> floa
         mlp += h * gate * (m.expert_ffn * m.moe_router_topk + shared) * moe_layers
     mtp_extra = 2 * mtp * (3 * h + 2 * h * h)
     return 3 * (2 * mlp + layers * _attention_term(m, seq_length) + mtp_extra
-                + 2 * h * m.padded_vocab(tp) * (mtp + 1))
+                + _output_layer_forward(m, tp) * (mtp + 1))
 
 
 def _hybrid_flops_per_token(m: ModelArch, seq_length: int, tp: int) -> float:
@@ -55,7 +60,7 @@ def _hybrid_flops_per_token(m: ModelArch, seq_length: int, tp: int) -> float:
     scale = 1.5 if m.swiglu else 1.0
     moe = (4 * h * m.expert_ffn * m.moe_router_topk * scale
            + 4 * h * (m.moe_shared_expert_intermediate_size or 0) * scale) if m.is_moe else 0.0
-    logits = 2 * h * m.padded_vocab(tp)
+    logits = _output_layer_forward(m, tp)
     return 3 * (n_attn * attn + n_mlp * mlp + n_mamba * mamba + n_moe * moe + logits)
 
 
@@ -69,22 +74,16 @@ def flops_per_token(m: ModelArch, seq_length: int, tp: int = 1) -> float:
 def core_attention_flops_per_token(m: ModelArch, seq_length: int) -> float:
     """The part of `flops_per_token` that the attention scores and their product with V take, causal:
     the part an older count that ignored the causal mask (Megatron-LM before core v0.12, NeMo before
-    2025-08, Narayanan et al. 2021's Eq. 3) counted twice."""
-    if m.multi_latent_attention:
-        n, qk, rope, v = m.num_attention_heads, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim
-        per_layer = 3 * 2 * (seq_length * n * (qk + rope) / 2 + seq_length * n * v / 2)
-    else:
-        per_layer = 3 * 2 * m.head_dim * m.num_attention_heads * seq_length
-    if m.is_hybrid:
-        layers = (m.hybrid_override_pattern or "").count("*")
-    else:
-        layers = m.num_layers + (m.mtp_num_layers or 0)
-    return per_layer * layers
+    2025-08, Narayanan et al. 2021's Eq. 3) counted twice. It is the only part that grows with the
+    sequence, in proportion, so it is what doubling the sequence adds."""
+    return flops_per_token(m, 2 * seq_length) - flops_per_token(m, seq_length)
 
 
 def logits_flops_per_token(m: ModelArch, tp: int = 1) -> float:
-    """The part of `flops_per_token` that the output layer takes (forward and backward)."""
-    return 3 * 2 * m.hidden_size * m.padded_vocab(tp) * ((m.mtp_num_layers or 0) + 1 if not m.is_hybrid else 1)
+    """The part of `flops_per_token` that the output layer takes (forward and backward; with
+    multi-token prediction, each head's)."""
+    heads = 1 if m.is_hybrid else (m.mtp_num_layers or 0) + 1
+    return 3 * _output_layer_forward(m, tp) * heads
 
 
 def flops_per_iteration(w: Workload, tp: int = 1) -> float:

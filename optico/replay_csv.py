@@ -304,12 +304,14 @@ _KNOB_FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)(?![\w-])")
 _NEGATED = re.compile(r"(?i)\b(?:no|not|without|disabled?|off)\W*$")
 
 
+_KNOB_FLAG_NAMES = frozenset(flag[2:] for knob in KNOBS for flag in knob.flags)
+
+
 def _notes_flags(notes: str) -> dict[str, str]:
     """Knob flags the notes name as passed, outside an 'args:' list, as `name=true` arguments."""
     text = notes.split("args:", 1)[0]
-    flags = {flag[2:] for knob in KNOBS for flag in knob.flags}
     return {m.group(1): "true" for m in _KNOB_FLAG.finditer(text)
-            if m.group(1) in flags and not _NEGATED.search(text[max(0, m.start() - 12):m.start()])}
+            if m.group(1) in _KNOB_FLAG_NAMES and not _NEGATED.search(text[max(0, m.start() - 12):m.start()])}
 
 
 def _says_oom(cell: str | None) -> bool:
@@ -1220,10 +1222,13 @@ def stated_flops_ratio(row: ReplayRow, w: Workload, s: Strategy) -> float:
     (`counts_full_attention`: 0.89 for Llama-3 8B at 8K tokens, 0.51 at 1M) or, under full recompute,
     the recompute forward pass (`counts_recompute`: the layers' FLOPs × 4/3, the output layer's once —
     Narayanan et al.'s Eq. 3 exactly for their GPT models)."""
+    recomputed = row.counts_recompute and s.recompute == "full"
+    if not (row.counts_full_attention or recomputed):
+        return 1.0
     m, tp = w.model, s.tp
     ours = flops_per_token(m, w.seq_length, tp)
     theirs = ours + (core_attention_flops_per_token(m, w.seq_length) if row.counts_full_attention else 0.0)
-    if row.counts_recompute and s.recompute == "full":
+    if recomputed:
         logits = logits_flops_per_token(m, tp)
         theirs = (theirs - logits) * FULL_RECOMPUTE_HFU_RATIO + logits
     return ours / theirs
