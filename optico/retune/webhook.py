@@ -1,7 +1,7 @@
 """The regression webhook: a JSON POST that never blocks a tick and never leaks a secret.
 
-- sent from a daemon thread with a bounded timeout for the whole exchange (not each read): a slow,
-  dead or trickling receiver costs the tick nothing;
+- sent from a daemon thread with a bounded timeout for the whole exchange, the name lookup included
+  (not each read): a slow, dead or trickling receiver or DNS server costs the tick nothing;
 - the payload is redacted of every known secret (`optico.redact.scrub`);
 - only http(s) URLs, and redirects are never followed (a 3xx is reported as the receiver's answer):
   a receiver cannot bounce the request to another scheme or an internal address;
@@ -28,6 +28,7 @@ import os
 import re
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from functools import partial
@@ -111,12 +112,34 @@ def _literal_addresses(host: str) -> list[str]:
     return []
 
 
-def _checked_addresses(url: str) -> list[str]:
-    """The addresses the URL's host resolves to, once every one has passed `_check_addresses`
-    (ValueError otherwise)."""
+def _resolved(host: str, port: int, seconds: float) -> list[tuple[Any, ...]]:
+    """`socket.getaddrinfo(host, port)` within `seconds`, TimeoutError after. The system resolver takes
+    no timeout (a dead DNS server holds it for retries of 5 s each), so it runs in a daemon thread of
+    its own, left to finish alone when the time is up."""
+    answer: list[Any] = []
+
+    def lookup() -> None:
+        try:
+            answer.append(socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP))
+        except OSError as exc:
+            answer.append(exc)
+
+    thread = threading.Thread(target=lookup, name="optico-webhook-lookup", daemon=True)
+    thread.start()
+    thread.join(max(seconds, 0.0))
+    if not answer:
+        raise TimeoutError(f"no address for {host} within {seconds:.3g} s")
+    if isinstance(answer[0], OSError):
+        raise answer[0]
+    return answer[0]
+
+
+def _checked_addresses(url: str, deadline: _Deadline) -> list[str]:
+    """The addresses the URL's host resolves to before `deadline`, once every one has passed
+    `_check_addresses` (ValueError otherwise)."""
     parts = urlsplit(url)
-    infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
-                               proto=socket.IPPROTO_TCP)
+    infos = _resolved(parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
+                      deadline.remaining())
     addresses = [str(info[4][0]) for info in infos]
     _check_addresses(parts.hostname or "", addresses)
     return addresses
@@ -138,6 +161,8 @@ class _Deadline:
     shut down, so a blocked read returns at once whatever each read's own timeout."""
 
     def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._started = time.monotonic()
         self.expired = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -145,7 +170,11 @@ class _Deadline:
         self._timer.daemon = True
 
     def start(self) -> None:
+        self._started = time.monotonic()
         self._timer.start()
+
+    def remaining(self) -> float:
+        return self.seconds - (time.monotonic() - self._started)
 
     def cancel(self) -> None:
         self._timer.cancel()
@@ -173,11 +202,15 @@ def _watched(connection: type[http.client.HTTPConnection], addresses: list[str] 
     """`connection` to `host` whose sockets `deadline` watches. With `addresses` the socket goes to one
     of them, in order, as the resolver's answer would be tried: the Host header and TLS's server name
     and certificate check stay the name's. Without, to `host` itself (the proxy)."""
-    def connect(where: tuple[str, int], *args: Any, **kw: Any) -> socket.socket:
+    def connect(where: tuple[str, int], timeout: float | None = None,
+                source_address: tuple[str, int] | None = None) -> socket.socket:
         error: OSError = OSError(f"no address for {host}")
         for address in addresses or [where[0]]:
+            left = deadline.remaining()  # each address's connect within what is left of the exchange
+            if left <= 0:
+                raise TimeoutError(f"no connection to {host} in time")
             try:
-                sock = socket.create_connection((address, where[1]), *args, **kw)
+                sock = socket.create_connection((address, where[1]), min(timeout or left, left), source_address)
             except OSError as exc:
                 error = exc
                 continue
@@ -216,29 +249,29 @@ def _opener(url: str, deadline: _Deadline) -> urllib.request.OpenerDirector:
     parts = urlsplit(url)
     if urllib.request.getproxies().get(parts.scheme) and not urllib.request.proxy_bypass(parts.hostname or ""):
         return urllib.request.build_opener(_NoRedirects(), _WatchedHTTP(None, deadline), _WatchedHTTPS(None, deadline))
-    addresses = _checked_addresses(url)
+    addresses = _checked_addresses(url, deadline)
     return urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects(),
                                        _WatchedHTTP(addresses, deadline), _WatchedHTTPS(addresses, deadline))
 
 
 def post(url: str, payload: dict[str, Any], *, timeout_s: float = TIMEOUT_S) -> int | str:
     """POSTs `payload` (redacted) now; returns the HTTP status or the error text. Never raises.
-    `timeout_s` bounds the whole exchange once connected, not each read: a receiver trickling its
-    answer a byte at a time is cut off like a silent one."""
+    `timeout_s` bounds the whole exchange, the name lookup included, not each read: a dead DNS server
+    or a receiver trickling its answer a byte at a time is cut off like a silent receiver."""
     deadline = _Deadline(timeout_s)
     try:
         check_webhook_url(url)
-        opener = _opener(url, deadline)
         body = json.dumps(redact.scrub(payload), default=str).encode()
         request = urllib.request.Request(url, data=body, method="POST", headers={
             "Content-Type": "application/json", "User-Agent": f"optico/{__version__}"})
         deadline.start()
+        opener = _opener(url, deadline)
         with opener.open(request, timeout=timeout_s) as response:
             return int(response.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
     except Exception as exc:  # noqa: BLE001 - a notification must never break a tick
-        if deadline.expired.is_set():
+        if deadline.expired.is_set() or isinstance(exc, TimeoutError):
             return f"timed out: no whole answer within {timeout_s:g} s"
         return redact.clip(f"{type(exc).__name__}: {exc}", 300)
     finally:

@@ -188,3 +188,21 @@ def test_through_a_proxy_the_proxy_gets_the_request(server: str, monkeypatch: py
     # A name this machine cannot resolve (only the proxy can): it was looked up here first, and failed.
     assert post("http://hooks.only-the-proxy-knows.invalid/hook", {"x": 1}, timeout_s=5.0) == 204
     assert _Receiver.received[-1]["path"] == "http://hooks.only-the-proxy-knows.invalid/hook"
+
+
+def test_a_name_lookup_that_hangs_is_cut_off_at_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The system resolver takes no timeout (a dead DNS server holds it for retries of seconds each):
+    the lookup counts against the exchange's limit like the answer does."""
+    real, release = socket.getaddrinfo, threading.Event()
+
+    def getaddrinfo(host: str, *a: object, **k: object) -> list:
+        if host == "hooks.dead-dns.test":
+            release.wait(30)  # a DNS server that never answers
+        return real("127.0.0.1" if host == "hooks.dead-dns.test" else host, *a, **k)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    started = time.monotonic()
+    answer = post("http://hooks.dead-dns.test/hook", {"x": 1}, timeout_s=0.5)
+    took = time.monotonic() - started
+    release.set()
+    assert took < 2.0 and answer == "timed out: no whole answer within 0.5 s", (took, answer)
