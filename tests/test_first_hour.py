@@ -8,6 +8,8 @@ import json
 import os
 import sqlite3
 import stat
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -302,3 +304,14 @@ def test_an_infeasible_spec_says_why_once(tmp_path: Path, monkeypatch: pytest.Mo
     assert said.count("is expected to fit") == 1, said
     assert outcome.stderr.startswith("job 1 failed: no configuration in the search space is expected to fit")
     assert len(outcome.stderr.strip().splitlines()) == 1, outcome.stderr
+
+
+def test_the_command_line_starts_without_the_store_or_the_benchmark():
+    """Every `optico` command, `--help` and a spec's one-line error included, imports the command line
+    first: the store (SQLAlchemy, Alembic), the benchmark and the service are imported by the commands
+    that use them, not by all (they were a second of start-up for each command)."""
+    heavy = ("sqlalchemy", "alembic", "optico.pool", "optico.bench.suite", "langgraph", "fastapi", "torch", "optuna",
+             "ray")
+    probe = f"import sys, optico.cli; print([m for m in {heavy!r} if m in sys.modules])"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr

@@ -8,3 +8,8 @@
 - `report`: Markdown, JSON, the convergence plot
 - `cli`: the `optico bench` command
 """
+
+# Declared here, not in `suite`, so that `optico --help` and every other command start without
+# importing the benchmark (the performance model, the landscapes, the store: most of a second).
+DEFAULT_TUNERS: tuple[str, ...] = ("optico", "model-rank", "model-greedy", "random-fit", "tpe", "tpe-warm",
+                                   "gp-warm", "random")

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from optico.bench.suite import DEFAULT_TUNERS
+from optico.bench import DEFAULT_TUNERS
 from optico.errors import SpecError, first_line
 from optico.terminal import ANY_COUNT, check_output_path, console, err, fail, read_decimal, whole_number
 from optico.textsafe import markup, terminal_text

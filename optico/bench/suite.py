@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from optico.bench import separation
+from optico.bench import DEFAULT_TUNERS, separation
 from optico.bench.ceiling import clairvoyant_ceiling
 from optico.bench.landscapes import (
     MIN_REPLAY_CONFIGS,
@@ -43,8 +43,6 @@ from optico.textsafe import terminal_text
 
 Suite = Literal["all", "independent", "out-of-form", "real", "self", "sim", "replay"]
 LandscapeDef = SimDef | ReplayDef | ThirdPartyDef
-DEFAULT_TUNERS: tuple[str, ...] = ("optico", "model-rank", "model-greedy", "random-fit", "tpe", "tpe-warm",
-                                   "gp-warm", "random")
 GROUPS = ("independent", "out-of-form", "real", "self")
 # The out-of-form effects' size in the default suite (log step time std dev, ~ relative MFU error): the
 # performance model's median MFU error on real data is ~9 %, its tail ~15 % (docs/benchmarks.md).

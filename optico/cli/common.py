@@ -14,7 +14,7 @@ import click
 import typer
 
 from optico.errors import SpecError
-from optico.pool.models import SQL_INT_MAX
+from optico.sql_limits import SQL_INT_MAX
 # Every command imports these from here.
 from optico.terminal import (ANY_COUNT, check_output_path, console, decimal_number, err, fail,  # noqa: F401
                              output_file, whole_number)

@@ -10,7 +10,6 @@ from rich.table import Table
 from rich.text import Text
 
 from optico.cli.common import DatabaseOption, console, err, fail, open_store
-from optico.pool.store import token_name_problem
 
 token_app = typer.Typer(no_args_is_help=True, help="API tokens of the REST service.")
 
@@ -20,6 +19,8 @@ def token_create(name: str = typer.Argument(..., help="A name to tell the token 
                  scope: str = typer.Option(..., "--scope", help="read (GET endpoints) or write (everything)."),
                  database: Optional[str] = DatabaseOption) -> None:
     """Mint a token and print it once: it cannot be shown again."""
+    from optico.pool.store import token_name_problem
+
     if scope not in ("read", "write"):
         fail(f"--scope: must be read or write, got {scope!r}")
     problem = token_name_problem(name)

@@ -1,7 +1,8 @@
 """The pool's tables (SQLAlchemy 2 declarative). Internal to `optico.pool`.
 
-Callers never see these rows: `store.py` turns them into frozen pydantic objects. (`SQL_INT_MAX`,
-the bound of their integer columns, is for callers that check ids before they reach the driver.)
+Callers never see these rows: `store.py` turns them into frozen pydantic objects. (The bound of
+their integer columns, for callers that check ids before they reach the driver, is
+`optico.sql_limits.SQL_INT_MAX`.)
 Every table is prefixed `optico_` because LangGraph's checkpointer keeps its own tables
 (`checkpoints`, `writes`, `checkpoint_blobs`, ...) in the same database. The schema is
 created and changed only by the Alembic migrations in `migrations/`; a change here
@@ -28,11 +29,6 @@ from sqlalchemy import (
     func,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-
-# The largest value of the pool's INTEGER columns (ids, trial indexes, event seqs): 32-bit on
-# PostgreSQL. A larger number names no row, and the driver refuses to bind it, so every id the API
-# or the CLI takes is checked against this first.
-SQL_INT_MAX = 2**31 - 1
 
 # Deterministic constraint names: SQLite migrations rebuild tables ("batch" mode) and
 # must be able to name what they drop; PostgreSQL would otherwise invent names.

@@ -12,9 +12,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BeforeValidator
 
 from optico.pool.contract import Store
-from optico.pool.models import SQL_INT_MAX
 from optico.pool.records import JobRecord, TokenRecord
 from optico.service.settings import ServiceSettings
+from optico.sql_limits import SQL_INT_MAX
 
 bearer = HTTPBearer(auto_error=False, description="An API token from `optico token create NAME --scope read|write`.")
 
