@@ -202,15 +202,16 @@ def _watched(connection: type[http.client.HTTPConnection], addresses: list[str] 
     """`connection` to `host` whose sockets `deadline` watches. With `addresses` the socket goes to one
     of them, in order, as the resolver's answer would be tried: the Host header and TLS's server name
     and certificate check stay the name's. Without, to `host` itself (the proxy)."""
-    def connect(where: tuple[str, int], timeout: float | None = None,
+    def connect(where: tuple[str, int], timeout: Any = None,  # seconds, or http.client's "default" sentinel
                 source_address: tuple[str, int] | None = None) -> socket.socket:
         error: OSError = OSError(f"no address for {host}")
         for address in addresses or [where[0]]:
             left = deadline.remaining()  # each address's connect within what is left of the exchange
             if left <= 0:
                 raise TimeoutError(f"no connection to {host} in time")
+            limit = min(timeout, left) if isinstance(timeout, (int, float)) else left
             try:
-                sock = socket.create_connection((address, where[1]), min(timeout or left, left), source_address)
+                sock = socket.create_connection((address, where[1]), limit, source_address)
             except OSError as exc:
                 error = exc
                 continue

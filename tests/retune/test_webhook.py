@@ -206,3 +206,23 @@ def test_a_name_lookup_that_hangs_is_cut_off_at_the_timeout(monkeypatch: pytest.
     took = time.monotonic() - started
     release.set()
     assert took < 2.0 and answer == "timed out: no whole answer within 0.5 s", (took, answer)
+
+
+def test_connecting_to_several_silent_addresses_takes_the_timeout_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name with three addresses whose connects all hang (a listener whose backlog is full drops the
+    handshake): the addresses share the exchange's limit, not one timeout each."""
+    monkeypatch.setenv("OPTICO_WEBHOOK_ALLOW_LOCAL", "true")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    held = socket.create_connection(("127.0.0.1", port), 1.0)  # fills the backlog: later handshakes hang
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: real("127.0.0.1", *a, **k) * 3
+                        if host == "hooks.silent.test" else real(host, *a, **k))
+    started = time.monotonic()
+    answer = post(f"http://hooks.silent.test:{port}/hook", {"x": 1}, timeout_s=1.0)
+    took = time.monotonic() - started
+    held.close()
+    listener.close()
+    assert took < 2.0 and answer == "timed out: no whole answer within 1 s", (took, answer)
