@@ -49,6 +49,13 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         httpd.shutdown()
 
 
+def _timed_post(url: str, timeout_s: float) -> tuple[float, int | str]:
+    """How long `post` took, and its answer."""
+    started = time.monotonic()
+    answer = post(url, {"x": 1}, timeout_s=timeout_s)
+    return time.monotonic() - started, answer
+
+
 def test_the_payload_arrives_redacted_in_the_background(server: str) -> None:
     secret = "sk-test-0123456789abcdef"
     redact.register(secret)
@@ -93,9 +100,7 @@ def test_a_receiver_trickling_its_answer_is_cut_off_at_the_timeout(monkeypatch: 
                 time.sleep(0.1)
 
     threading.Thread(target=trickle, daemon=True).start()
-    started = time.monotonic()
-    answer = post(f"http://127.0.0.1:{listener.getsockname()[1]}/hook", {"x": 1}, timeout_s=1.0)
-    took = time.monotonic() - started
+    took, answer = _timed_post(f"http://127.0.0.1:{listener.getsockname()[1]}/hook", 1.0)
     stop.set()
     listener.close()
     assert took < 3.0 and answer == "timed out: no whole answer within 1 s", (took, answer)
@@ -201,9 +206,7 @@ def test_a_name_lookup_that_hangs_is_cut_off_at_the_timeout(monkeypatch: pytest.
         return real("127.0.0.1" if host == "hooks.dead-dns.test" else host, *a, **k)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    started = time.monotonic()
-    answer = post("http://hooks.dead-dns.test/hook", {"x": 1}, timeout_s=0.5)
-    took = time.monotonic() - started
+    took, answer = _timed_post("http://hooks.dead-dns.test/hook", 0.5)
     release.set()
     assert took < 2.0 and answer == "timed out: no whole answer within 0.5 s", (took, answer)
 
@@ -220,9 +223,7 @@ def test_connecting_to_several_silent_addresses_takes_the_timeout_once(monkeypat
     real = socket.getaddrinfo
     monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: real("127.0.0.1", *a, **k) * 3
                         if host == "hooks.silent.test" else real(host, *a, **k))
-    started = time.monotonic()
-    answer = post(f"http://hooks.silent.test:{port}/hook", {"x": 1}, timeout_s=1.0)
-    took = time.monotonic() - started
+    took, answer = _timed_post(f"http://hooks.silent.test:{port}/hook", 1.0)
     held.close()
     listener.close()
     assert took < 2.0 and answer == "timed out: no whole answer within 1 s", (took, answer)
