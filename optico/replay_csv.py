@@ -66,7 +66,7 @@ Rules that are decisions rather than parsing, in one place:
   --pipeline-model-parallel-layout) is read with stage sizes approximated (as even as the count
   allows, as such layouts are written), and says so.
 - Notes that carry "args: name=value, ..." add what they state: any knob flag of the
-  registry (`optico.knobs`), kv-channels, untied embeddings, shared-expert size. A knob flag
+  registry (`optico.knobs`), kv-channels, untied embeddings, expert and shared-expert FFN widths. A knob flag
   named elsewhere in the notes ("--tp-comm-overlap") was passed, unless negated just before;
   the args list wins. A stated knob brings the switches Megatron refuses it without (TP comm
   overlap: SP) where the row leaves them empty; at TP 1 nothing that needs SP applies.
@@ -584,7 +584,7 @@ def _build_model(p: _Parse, ints: dict[str, int | None], args: dict[str, str] | 
     explicit: dict[str, Any] = {}  # facts the run's own arguments state; they beat presets and rules
     if args is not None:
         explicit["untie_embeddings_and_output_weights"] = _is_true(args.get("untie-embeddings-and-output-weights"))
-        for flag, key in (("kv-channels", "kv_channels"),
+        for flag, key in (("kv-channels", "kv_channels"), ("moe-ffn-hidden-size", "moe_ffn_hidden_size"),
                           ("moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size")):
             if (number := _count(args.get(flag, ""))) is not None:
                 explicit[key] = number

@@ -3,7 +3,7 @@
 One writer for every measurement we make: a GPU sweep's runs (benchmarks/gpu_sweep.py) and a
 job's trials (`optico jobs export`). A row must read back as the workload and strategy that ran,
 so what the columns cannot say goes into the notes' `args:` list, as Megatron-LM arguments:
-untied embeddings (a reader otherwise takes Megatron-LM's default, tied), the gated MLP (a reader
+the head dimension and the expert widths, untied embeddings (a reader otherwise takes Megatron-LM's default, tied), the gated MLP (a reader
 otherwise guesses it from the widths: Llama-3.2-1B's FFN is 4 x hidden, GPT-3's width) and every knob
 without a column (fused cross entropy, the partial-recompute method and layer count, the overlaps, ...).
 """
@@ -25,10 +25,17 @@ _NOT_THE_CONFIGURATION = (FailureCategory.INFRASTRUCTURE, FailureCategory.NOT_ME
 
 
 def megatron_args(w: Workload, s: Strategy) -> str:
-    """The notes' 'args:' list: untied embeddings, the gated MLP, and every knob no column states that
-    is not at Megatron-LM's default, as the registry's flag (the reader takes the others as defaults)."""
-    args = [f"untie-embeddings-and-output-weights={w.model.untie_embeddings_and_output_weights}",
-            f"swiglu={w.model.swiglu}"]
+    """The notes' 'args:' list: untied embeddings, the gated MLP, the widths no column holds, and every knob no
+    column states that is not at Megatron-LM's default, as the registry's flag (a reader takes the others as defaults)."""
+    m = w.model
+    args = [f"untie-embeddings-and-output-weights={m.untie_embeddings_and_output_weights}", f"swiglu={m.swiglu}"]
+    # Widths no column holds: a model cut from a preset (fewer layers) matches none, so a reader has no
+    # other way to know them.
+    for flag, value in (("kv-channels", m.kv_channels),
+                        ("moe-ffn-hidden-size", m.moe_ffn_hidden_size if m.num_experts else None),
+                        ("moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size)):
+        if value is not None:
+            args.append(f"{flag}={value}")
     for k in KNOBS:
         value = getattr(s, k.name)
         if k.csv in COLUMNS or not k.flags or value == k.default:

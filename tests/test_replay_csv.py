@@ -712,6 +712,26 @@ def test_every_knob_survives_a_written_row(tmp_path: Path) -> None:
         assert row.workload.model_dump(exclude={"cluster"}) == w.model_dump(exclude={"cluster"})
 
 
+def test_a_written_row_of_a_cut_moe_reads_back_as_the_model_that_ran(tmp_path: Path) -> None:
+    """A Qwen3-30B-A3B cut to 6 layers matches no preset: the row's own arguments must carry its head
+    dimension (128, not hidden / heads = 64) and its expert FFN (768, not the dense 6144), or the
+    replayed workload has experts eight times too wide."""
+    from optico.replay_rows import replay_row
+
+    arch = PRESETS["qwen3-30b-a3b"].model_copy(update={"name": "qwen3-moe-6l", "num_layers": 6})
+    shared = arch.model_copy(update={"name": "some-moe", "moe_shared_expert_intermediate_size": 1536})
+    path = tmp_path / "rows.csv"
+    workloads = [Workload(model=m, seq_length=4096, global_batch_size=8, cluster=Cluster(gpu="h200", gpus_per_node=1))
+                 for m in (arch, shared)]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        writer.writeheader()
+        writer.writerows(replay_row(w, strategy_from_mapping({"mbs": 2}), result="oom", source="test", notes={})
+                         for w in workloads)
+    for row, w in zip(read_replay_csv(path), workloads, strict=True):
+        assert row.workload.model.model_dump() == w.model.model_dump()
+
+
 @pytest.mark.parametrize("swiglu, ffn", [(True, 16384), (False, 11008)])
 def test_a_written_row_says_its_mlp(tmp_path: Path, swiglu: bool, ffn: int) -> None:
     """A gated MLP at 4 x hidden and an ungated one at another width: no width or name rule can tell
@@ -749,6 +769,23 @@ def test_the_h200_sweep_reads_as_the_workload_of_its_spec() -> None:
     assert {r.workload.cluster.gpu for r in rows} == {"h200"}
     assert {(r.workload.seq_length, r.workload.global_batch_size) for r in rows} == {(4096, 8)}
     assert sum(r.result == "oom" for r in rows) == 2
+
+
+def test_the_h200_moe_sweep_reads_as_the_workload_of_its_spec() -> None:
+    """benchmarks/data/h200-qwen3-moe-6l.csv: its 10 runs read back as the cut Qwen3-MoE of
+    examples/qwen3-moe-6l-h200-1gpu.yaml (head dimension 128, expert FFN 768, 128 experts, top-8), each
+    with the dispatcher and cross-entropy fusion it ran with, and its two OOM rows as OOMs."""
+    rows = read_replay_csv(REPO / "benchmarks" / "data" / "h200-qwen3-moe-6l.csv")
+    spec = load_spec(REPO / "examples" / "qwen3-moe-6l-h200-1gpu.yaml")
+    assert len(rows) == 10 and all(r.usable for r in rows)
+    assert {r.workload.model for r in rows} == {spec.workload.model}
+    assert {r.workload.cluster.gpu for r in rows} == {"h200"}
+    assert {(r.workload.seq_length, r.workload.global_batch_size) for r in rows} == {(4096, 8)}
+    assert sum(r.result == "oom" for r in rows) == 2
+    ran = {(r.strategy.mbs, r.strategy.moe_token_dispatcher_type, r.strategy.cross_entropy_loss_fusion)
+           for r in rows if r.strategy.recompute_granularity is None}
+    assert ran == {(1, "alltoall", True), (2, "alltoall", True), (4, "alltoall", True), (8, "alltoall", True),
+                   (8, "alltoall", False), (4, "allgather", True), (4, "alltoall", False)}
 
 
 def test_gpu_sweep_kills_a_timed_out_run_with_its_workers(tmp_path: Path) -> None:
