@@ -9,6 +9,10 @@ in the replay CSV format of DESIGN.md with the exact command and the framework f
     python benchmarks/gpu_sweep.py --spec examples/llama3.2-3b-h100-1gpu.yaml --out FILE.csv \
         --config mbs=1 --config mbs=2,recompute=full,recompute_method=block,recompute_num_layers=14
 
+A run cut by `--timeout` before it reported a result or a failure is no measurement of its
+configuration (the limit may just be short for the machine): its row goes to OUT's sibling
+`<name>.timed-out.csv`, not into the landscape.
+
 `--quick` runs three tiny configurations on whatever device is there (a smoke test). `--spec`
 takes the workload of an OptiCo spec (its GPU replaced by the one present) and sweeps the
 configurations given with `--config` (field=value pairs, the spec's `fixed` fields underneath).
@@ -94,6 +98,12 @@ async def run_whole(cmd: list[str], run_dir: Path, timeout_s: float,
     return "\n".join(lines), timed_out, code
 
 
+def cut_short(parsed: dict, timed_out: bool) -> bool:
+    """The limit killed the run before it reported a result or a failure: no measurement. A run that
+    printed its result or its OOM and then hung on its way out was measured."""
+    return timed_out and not parsed.get("result") and report.primary_error(parsed.get("errors", [])) is None
+
+
 def row(w: Workload, s: Strategy, parsed: dict, command: str, timed_out_s: float | None = None) -> dict:
     """The run as a replay row (optico.replay_rows: it reads back as this workload and strategy)."""
     res = parsed.get("result")
@@ -145,10 +155,12 @@ def main() -> int:
                      cluster=Cluster(gpu=gpu_key(), gpus_per_node=1))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, cut = [], []
     f = out.open("w", newline="")
     writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
     writer.writeheader()
+    cut_path = out.with_name(f"{out.stem}.timed-out.csv")
+    cut_file = cut_writer = None  # opened at the first run the limit cuts
     with tempfile.TemporaryDirectory() as tmp:
         for i, s in enumerate(configs):
             if args.only and i + 1 not in args.only:
@@ -162,13 +174,26 @@ def main() -> int:
             text, timed_out, _ = asyncio.run(run_whole(cmd, Path(tmp) / f"run{i}", args.timeout))
             parsed = report.parse_output(text)
             r = row(w, s, parsed, shown, timed_out_s=args.timeout if timed_out else None)
-            rows.append(r)
-            writer.writerow(r)  # row by row: an interrupted sweep keeps what it measured
-            f.flush()
+            if cut_short(parsed, timed_out):
+                if cut_writer is None:
+                    cut_file = cut_path.open("w", newline="")
+                    cut_writer = csv.DictWriter(cut_file, fieldnames=list(COLUMNS))
+                    cut_writer.writeheader()
+                cut.append(r)
+                cut_writer.writerow(r)
+                cut_file.flush()
+            else:
+                rows.append(r)
+                writer.writerow(r)  # row by row: an interrupted sweep keeps what it measured
+                f.flush()
             print(f"{i + 1:2d} {s.short():44s} {r['result']:5s} mfu {r['mfu'] or '-':>7} "
                   f"mem {r['mem_max_gib'] or '-':>7}  {time.time() - t0:5.1f}s", flush=True)
     f.close()
     print(f"wrote {len(rows)} rows to {out}")
+    if cut_file is not None:
+        cut_file.close()
+        print(f"{len(cut)} run(s) cut by the {args.timeout:g} s limit, not measured: {cut_path} "
+              f"(run them again with a longer --timeout)")
     return 0
 
 

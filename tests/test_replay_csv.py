@@ -825,6 +825,34 @@ def test_gpu_sweep_kills_a_timed_out_run_with_its_workers(tmp_path: Path) -> Non
         raise AssertionError("the worker of the timed-out run is still alive")
 
 
+
+def test_gpu_sweep_keeps_a_run_its_limit_cut_out_of_the_landscape(tmp_path: Path, monkeypatch) -> None:
+    """A run the sweep's own --timeout kills before it reports anything measured nothing (the H200 MoE
+    sweep lost a configuration to a 60 s limit that whole runs there overran): its row goes to a side
+    file, not into the landscape. A run that printed its OOM and then hung on its way out was measured
+    and stays, as an OOM."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_sweep
+    from optico.launchers.megatron.report import ERROR_PREFIX
+
+    oom = json.dumps({"category": "oom", "message": "CUDA out of memory. Tried to allocate 18.55 GiB"})
+    behaviours = iter([
+        "import time; time.sleep(60)",  # says nothing before the limit
+        f"import time; print({ERROR_PREFIX + oom!r}, flush=True); time.sleep(60)",  # OOM, then hangs
+        "import sys; sys.exit(1)",  # fails at once, says nothing: an error row, as before
+    ])
+    monkeypatch.setattr(gpu_sweep, "torchrun_command", lambda spec, n: [sys.executable, "-c", next(behaviours)])
+    out = tmp_path / "sweep.csv"
+    monkeypatch.setattr(sys, "argv", ["gpu_sweep.py", "--quick", "--out", str(out), "--timeout", "3"])
+    assert gpu_sweep.main() == 0
+    kept = read_replay_csv(out)
+    assert [r.result for r in kept] == ["oom", "error"]
+    cut = list(csv.DictReader((tmp_path / "sweep.timed-out.csv").open()))
+    assert len(cut) == 1 and "timed out after 3 s" in cut[0]["notes"] and cut[0]["mbs"] == "1"
+
 # -- numbers no GPU measures ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("cells", [
