@@ -66,10 +66,11 @@ Rules that are decisions rather than parsing, in one place:
   --pipeline-model-parallel-layout) is read with stage sizes approximated (as even as the count
   allows, as such layouts are written), and says so.
 - Notes that carry "args: name=value, ..." add what they state: any knob flag of the
-  registry (`optico.knobs`), kv-channels, untied embeddings, expert and shared-expert FFN widths. A knob flag
-  named elsewhere in the notes ("--tp-comm-overlap") was passed, unless negated just before;
-  the args list wins. A stated knob brings the switches Megatron refuses it without (TP comm
-  overlap: SP) where the row leaves them empty; at TP 1 nothing that needs SP applies.
+  registry (`optico.knobs`), kv-channels, untied embeddings, expert and shared-expert FFN
+  widths. A knob flag named elsewhere in the notes ("--tp-comm-overlap") was passed, unless
+  negated just before; the args list wins. A stated knob brings the switches Megatron refuses
+  it without (TP comm overlap: SP) where the row leaves them empty; at TP 1 nothing that needs
+  SP applies.
 - Skipped, with the reason: no architecture (no dimensions and no preset), an unknown GPU,
   an unmodelled precision, MLA or Mamba layers without a preset, LoRA fine-tuning,
   Megatron-FSDP / ZeRO-2/3, an MoE row without topk, no result and no measurement, a layout

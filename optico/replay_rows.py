@@ -3,9 +3,10 @@
 One writer for every measurement we make: a GPU sweep's runs (benchmarks/gpu_sweep.py) and a
 job's trials (`optico jobs export`). A row must read back as the workload and strategy that ran,
 so what the columns cannot say goes into the notes' `args:` list, as Megatron-LM arguments:
-the head dimension and the expert widths, untied embeddings (a reader otherwise takes Megatron-LM's default, tied), the gated MLP (a reader
-otherwise guesses it from the widths: Llama-3.2-1B's FFN is 4 x hidden, GPT-3's width) and every knob
-without a column (fused cross entropy, the partial-recompute method and layer count, the overlaps, ...).
+the head dimension and the expert widths, untied embeddings (a reader otherwise takes Megatron-LM's
+default, tied), the gated MLP (a reader otherwise guesses it from the widths: Llama-3.2-1B's FFN is
+4 x hidden, GPT-3's width) and every knob without a column (fused cross entropy, the partial-recompute
+method and layer count, the overlaps, ...).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ _NOT_THE_CONFIGURATION = (FailureCategory.INFRASTRUCTURE, FailureCategory.NOT_ME
 
 
 def megatron_args(w: Workload, s: Strategy) -> str:
-    """The notes' 'args:' list: untied embeddings, the gated MLP, the widths no column holds, and every knob no
-    column states that is not at Megatron-LM's default, as the registry's flag (a reader takes the others as defaults)."""
+    """The notes' 'args:' list: untied embeddings, the gated MLP, the widths no column holds, and every
+    knob no column states that is not at Megatron-LM's default, as the registry's flag (a reader takes
+    the others as defaults)."""
     m = w.model
     args = [f"untie-embeddings-and-output-weights={m.untie_embeddings_and_output_weights}", f"swiglu={m.swiglu}"]
     # Widths no column holds: a model cut from a preset (fewer layers) matches none, so a reader has no
