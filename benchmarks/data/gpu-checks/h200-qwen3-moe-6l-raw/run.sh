@@ -8,8 +8,8 @@
 # It ran the first seven lines (first.csv/.log, rest.csv/.log; 540 s in all, wheels included). A second call
 # on the same warm machine, 200 s, ran lines 8-12 with a per-run limit of 60 s (second-pass.csv/.log); it
 # measured three (lines 8, 9, 11), the call's 190 s ran out during line 12, and the 60 s limit cut line 10
-# (MBS 1 with allgather), which is no measurement of that configuration (runs that measured took 44-102 s
-# here), so that row is not in the landscape:
+# (MBS 1 with allgather), which is no measurement of that configuration (MBS 1 with alltoall had taken
+# 102 s), so that row is not in the landscape:
 #   H=benchmarks/data/gpu-checks/h200-qwen3-moe-6l-raw; args=(); while read -r c; do args+=(--config "$c"); done \
 #       < <(sed -n 8,12p $H/configs.txt); timeout 190 python3 benchmarks/gpu_sweep.py \
 #       --spec examples/qwen3-moe-6l-h200-1gpu.yaml --out second-pass.csv --timeout 60 "${args[@]}"
