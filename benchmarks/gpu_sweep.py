@@ -104,6 +104,32 @@ def cut_short(parsed: dict, timed_out: bool) -> bool:
     return timed_out and not parsed.get("result") and report.primary_error(parsed.get("errors", [])) is None
 
 
+class RowFile:
+    """A replay CSV written row by row, so that an interrupted sweep keeps what it measured; created at
+    its first row unless `always`."""
+
+    def __init__(self, path: Path, *, always: bool = False):
+        self.path, self.count, self._file, self._writer = path, 0, None, None
+        if always:
+            self._open()
+
+    def _open(self) -> None:
+        self._file = self.path.open("w", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=list(COLUMNS))
+        self._writer.writeheader()
+
+    def write(self, r: dict) -> None:
+        if self._writer is None:
+            self._open()
+        self._writer.writerow(r)
+        self._file.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
 def row(w: Workload, s: Strategy, parsed: dict, command: str, timed_out_s: float | None = None) -> dict:
     """The run as a replay row (optico.replay_rows: it reads back as this workload and strategy)."""
     res = parsed.get("result")
@@ -155,12 +181,8 @@ def main() -> int:
                      cluster=Cluster(gpu=gpu_key(), gpus_per_node=1))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows, cut = [], []
-    f = out.open("w", newline="")
-    writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
-    writer.writeheader()
-    cut_path = out.with_name(f"{out.stem}.timed-out.csv")
-    cut_file = cut_writer = None  # opened at the first run the limit cuts
+    measured = RowFile(out, always=True)
+    cut = RowFile(out.with_name(f"{out.stem}.timed-out.csv"))
     with tempfile.TemporaryDirectory() as tmp:
         for i, s in enumerate(configs):
             if args.only and i + 1 not in args.only:
@@ -174,25 +196,14 @@ def main() -> int:
             text, timed_out, _ = asyncio.run(run_whole(cmd, Path(tmp) / f"run{i}", args.timeout))
             parsed = report.parse_output(text)
             r = row(w, s, parsed, shown, timed_out_s=args.timeout if timed_out else None)
-            if cut_short(parsed, timed_out):
-                if cut_writer is None:
-                    cut_file = cut_path.open("w", newline="")
-                    cut_writer = csv.DictWriter(cut_file, fieldnames=list(COLUMNS))
-                    cut_writer.writeheader()
-                cut.append(r)
-                cut_writer.writerow(r)
-                cut_file.flush()
-            else:
-                rows.append(r)
-                writer.writerow(r)  # row by row: an interrupted sweep keeps what it measured
-                f.flush()
+            (cut if cut_short(parsed, timed_out) else measured).write(r)
             print(f"{i + 1:2d} {s.short():44s} {r['result']:5s} mfu {r['mfu'] or '-':>7} "
                   f"mem {r['mem_max_gib'] or '-':>7}  {time.time() - t0:5.1f}s", flush=True)
-    f.close()
-    print(f"wrote {len(rows)} rows to {out}")
-    if cut_file is not None:
-        cut_file.close()
-        print(f"{len(cut)} run(s) cut by the {args.timeout:g} s limit, not measured: {cut_path} "
+    measured.close()
+    cut.close()
+    print(f"wrote {measured.count} rows to {out}")
+    if cut.count:
+        print(f"{cut.count} run(s) cut by the {args.timeout:g} s limit, not measured: {cut.path} "
               f"(run them again with a longer --timeout)")
     return 0
 

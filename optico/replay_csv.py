@@ -142,6 +142,10 @@ MAX_CSV_ROWS = 20_000  # 30x the largest published table; parsing a row costs ~2
 KNOB_COLUMNS: tuple[str, ...] = tuple(k.csv for k in KNOBS if k.csv and k.csv not in COLUMNS)
 # The architecture: without these (and with no preset by name) a row says nothing we can model.
 ARCHITECTURE: tuple[str, ...] = ("num_layers", "hidden_size", "num_attention_heads")
+# Widths no column holds, stated in the notes' args (Megatron-LM flag -> ModelArch field): a model cut
+# from a preset (fewer layers) matches none, so its row is the only place they are said.
+WIDTH_ARGS: dict[str, str] = {"kv-channels": "kv_channels", "moe-ffn-hidden-size": "moe_ffn_hidden_size",
+                              "moe-shared-expert-intermediate-size": "moe_shared_expert_intermediate_size"}
 _INT_CELLS: tuple[str, ...] = (
     "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "vocab_size",
     "seq_length", "num_experts", "topk", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs",
@@ -585,8 +589,7 @@ def _build_model(p: _Parse, ints: dict[str, int | None], args: dict[str, str] | 
     explicit: dict[str, Any] = {}  # facts the run's own arguments state; they beat presets and rules
     if args is not None:
         explicit["untie_embeddings_and_output_weights"] = _is_true(args.get("untie-embeddings-and-output-weights"))
-        for flag, key in (("kv-channels", "kv_channels"), ("moe-ffn-hidden-size", "moe_ffn_hidden_size"),
-                          ("moe-shared-expert-intermediate-size", "moe_shared_expert_intermediate_size")):
+        for flag, key in WIDTH_ARGS.items():
             if (number := _count(args.get(flag, ""))) is not None:
                 explicit[key] = number
         if "swiglu" in args:

@@ -15,7 +15,7 @@ import json
 from typing import Any, Literal
 
 from optico.knobs import KNOBS
-from optico.replay_csv import COLUMNS
+from optico.replay_csv import COLUMNS, WIDTH_ARGS
 from optico.strategy import Strategy
 from optico.trial import FailureCategory, Trial, TrialStatus
 from optico.workload import Workload
@@ -31,13 +31,7 @@ def megatron_args(w: Workload, s: Strategy) -> str:
     the others as defaults)."""
     m = w.model
     args = [f"untie-embeddings-and-output-weights={m.untie_embeddings_and_output_weights}", f"swiglu={m.swiglu}"]
-    # Widths no column holds: a model cut from a preset (fewer layers) matches none, so a reader has no
-    # other way to know them.
-    for flag, value in (("kv-channels", m.kv_channels),
-                        ("moe-ffn-hidden-size", m.moe_ffn_hidden_size if m.num_experts else None),
-                        ("moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size)):
-        if value is not None:
-            args.append(f"{flag}={value}")
+    args += [f"{flag}={value}" for flag, key in WIDTH_ARGS.items() if (value := getattr(m, key)) is not None]
     for k in KNOBS:
         value = getattr(s, k.name)
         if k.csv in COLUMNS or not k.flags or value == k.default:
