@@ -98,9 +98,12 @@ def _running_trial(db: Path, index: int) -> bool:
 
 @pytest.mark.slow
 def test_sigkill_mid_trial_then_resume(tmp_path: Path, cli_env: dict):
-    cli_env = dict(cli_env, OPTICO_LEASE_S="4", OPTICO_LEASE_RENEW_S="0.5")
     """Kill `optico tune` with SIGKILL during trial 3; --resume finishes with the exact trial count,
     no duplicated configuration and no lost result — the same trials an uninterrupted run makes."""
+    # The lease outlives the kill by longer than a loaded 2-core machine takes to start `optico tune`
+    # (at 4 s a resume started after it had expired, and the refusal asserted below did not come).
+    lease_s = 12.0
+    cli_env = dict(cli_env, OPTICO_LEASE_S=str(lease_s), OPTICO_LEASE_RENEW_S="0.5")
     spec_text = (EXAMPLES / "llama3-8b-a100.yaml").read_text().replace(
         "budget: {max_trials: 20}", "budget: {max_trials: 6, converge_tol: null}").replace(
         "launcher: {kind: sim}", "launcher: {kind: sim, trial_seconds: 1.0, hang_rate: 0.0}")
@@ -115,6 +118,7 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, cli_env: dict):
         assert time.time() < deadline, "trial 3 never started"
         time.sleep(0.1)
     os.kill(proc.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
     proc.wait(timeout=30)
     assert _running_trial(db, 3), "the kill should leave trial 3 unfinished"
 
@@ -123,7 +127,7 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, cli_env: dict):
                              timeout=120)
     assert refused.returncode == 2 and "job 1 is held by worker" in refused.stderr, refused.stderr
     assert refused.stdout == "", refused.stdout  # one line on stderr, nothing before it
-    time.sleep(float(cli_env["OPTICO_LEASE_S"]) + 0.5)
+    time.sleep(max(0.0, killed_at + lease_s + 0.5 - time.monotonic()))  # the lease was renewed before the kill
 
     resumed = subprocess.run(optico_cmd("tune", "--resume", "1", "--json", str(tmp_path / "r.json")), env=cli_env,
                              capture_output=True, text=True, timeout=300)

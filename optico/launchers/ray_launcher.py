@@ -18,7 +18,8 @@ Per trial:
 4. Success, failure, timeout and cancel all end the same way: each agent stops its processes,
    the actors are killed and the placement group removed.
 
-A node or actor that dies (ActorDiedError, NodeDiedError, ...) is an infrastructure fault:
+A node or actor that dies (ActorDiedError, NodeDiedError, ...), or a master port taken before
+torchrun could bind it (EADDRINUSE at the rendezvous), is an infrastructure fault:
 the trial is re-run from step 1, at most `max_infra_retries` times (tenacity); after that it
 fails as INFRASTRUCTURE. Workers need optico importable (the same image, or `runtime_env`).
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shlex
 import socket
 import sys
@@ -41,7 +43,7 @@ from optico.launchers.base import Launcher, ProgressCallback
 from optico.launchers.local import KILL_GRACE_S, child_env, to_result, trial_dir, write_files
 from optico.launchers.proc import ProcessRun
 from optico.launchers.program import MegatronCoreProgram, MegatronLMProgram, PreparedRun, prepare
-from optico.launchers.results import OutputCollector, RunEnd
+from optico.launchers.results import OutputCollector, RunEnd, port_was_taken
 from optico.private_files import private_opener, write_private_text
 from optico.strategy import Strategy
 from optico.trial import FailureCategory, LaunchResult
@@ -58,7 +60,34 @@ class InfraFailure(Exception):
     """A node, actor or the Ray runtime failed under a trial: worth re-running."""
 
 
+# torchrun binds the master port a moment after the rank-0 agent found it free. A port from the
+# kernel's ephemeral range may meanwhile go to an outgoing connection (Ray opens many: a 2-node test
+# cluster lost a retry to EADDRINUSE that way), so the port is drawn from below that range.
+PORT_SPAN = 10_000  # ports below the ephemeral range the master port is drawn from
+PORT_TRIES = 64
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux's default when unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _free_port(host: str) -> int:
+    """A port nothing listens on now, below the ephemeral range where one is free (else any)."""
+    low = _ephemeral_low()
+    draws = random.Random()
+    for _ in range(PORT_TRIES if low > 2048 else 0):
+        port = draws.randrange(max(1024, low - PORT_SPAN), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind((host if host else "", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind((host if host else "", 0))
         return sock.getsockname()[1]
@@ -244,6 +273,9 @@ class RayLauncher(Launcher):
                 "master": f"{master_addr}:{master_port}", "program": run.kind, "run_dir": str(directory)}
             with open(out_path, "a", encoding="utf-8", opener=private_opener) as out:
                 end = await self._supervise(agents, collector, out, progress)
+            if end.exit_code != 0 and not end.killed and port_was_taken(collector, master_port):
+                # Taken between the agent's probe and torchrun's bind: the launcher's race, not the run's.
+                raise InfraFailure(f"the master port {master_addr}:{master_port} was taken before torchrun bound it")
             return to_result(run, collector, end, workload, strategy, fingerprint=fingerprint,
                              log_path=str(out_path))
         finally:

@@ -36,8 +36,18 @@ _EXCEPTION = re.compile(r"(?:^|[\s:\]])((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Erro
 _NOT_ROOT = ("ChildFailedError", "SignalException", "CalledProcessError")
 _TIMEOUT = re.compile(r"time(d)?[ -]?out|watchdog", re.I)
 _RENDEZVOUS = re.compile(r"DistNetworkError|DistStoreError|RendezvousError|address already in use", re.I)
+_PORT_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.I)
 
 Reason = Literal["timeout", "hang"]
+
+
+def port_was_taken(collector: "OutputCollector", port: int) -> bool:
+    """Whether the run failed because `port` (the rendezvous master's) was already bound: torchrun's
+    "The server socket has failed to listen on any local network address. port: P, ... EADDRINUSE"
+    (older torch: "failed to bind to [::]:P (errno: 98 - Address already in use)")."""
+    number = re.compile(rf"(?<!\d){port}(?!\d)")
+    return any(_PORT_IN_USE.search(line) and number.search(line)
+               for block in collector.errors for line in block.splitlines()[-1:])
 
 
 class OutputCollector:
@@ -238,6 +248,8 @@ def megatron_lm_result(collector: OutputCollector, end: RunEnd, workload: Worklo
         return LaunchResult(ok=True, metrics=metrics, log=_compose(summary, collector, log_path), fingerprint=fp,
                             **base)
     block = _root_error(collector)
+    # torchrun's rendezvous failing to bind or reach its store: the network, not the configuration
+    hint = FailureCategory.INFRASTRUCTURE if block and _RENDEZVOUS.search(block) else None
     if block:
         head = _head_first(block)
     elif end.exit_code == 0:
@@ -245,4 +257,5 @@ def megatron_lm_result(collector: OutputCollector, end: RunEnd, workload: Worklo
                 "(is it a Megatron-LM training script? --log-interval must be at most the iterations run)")
     else:
         head = f"the command exited with status {end.exit_code}; no error line was recognised"
-    return LaunchResult(ok=False, log=_compose(head, collector, log_path), fingerprint=fingerprint, **base)
+    return LaunchResult(ok=False, log=_compose(head, collector, log_path), category_hint=hint,
+                        fingerprint=fingerprint, **base)

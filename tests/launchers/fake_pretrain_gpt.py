@@ -11,7 +11,8 @@ CUDA OOM, when the micro-batch is at least --fake-oom-mbs and nothing is recompu
 Fault flags (tests only): --fake-hang-after N (go silent after N iterations),
 --fake-forever (keep printing, never finish), --fake-ignore-sigterm, --fake-spawn-orphan
 (start a `sleep` in a session of its own: a process that escapes torchrun's process tree),
---fake-record DIR (write this rank's argv to DIR/argv-rank<R>.json).
+--fake-record DIR (write this rank's argv to DIR/argv-rank<R>.json), --fake-port-taken-once FILE
+(the first run, which creates FILE, fails as torchrun does when its master port is already bound).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(name, type=int, default=None)
     for name in ("--data-path", "--tokenizer-type", "--vocab-file", "--merge-file", "--save", "--load", "--lr",
                  "--recompute-granularity", "--recompute-method", "--moe-token-dispatcher-type", "--split",
-                 "--fake-record"):
+                 "--fake-record", "--fake-port-taken-once"):
         p.add_argument(name, default=None)
     for name in ("--bf16", "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
                  "--overlap-param-gather", "--log-throughput", "--cross-entropy-loss-fusion", "--tp-comm-overlap",
@@ -77,6 +78,13 @@ def main() -> int:
             json.dump(sys.argv[1:], fh)
         with open(os.path.join(args.fake_record, f"env-rank{rank}.json"), "w") as fh:
             json.dump(dict(os.environ), fh)
+    if args.fake_port_taken_once and not os.path.exists(args.fake_port_taken_once):
+        open(args.fake_port_taken_once, "w").close()
+        # torchrun's own words when the rendezvous store cannot bind (torch 2.x, static rendezvous)
+        print("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+              f"address. port: {os.environ.get('MASTER_PORT')}, useIpv6: false, code: -98, name: EADDRINUSE, "
+              "message: address already in use", file=sys.stderr, flush=True)
+        return 1
     if args.fake_print_env and rank == 0:  # a careless training script that logs its environment
         for key, value in sorted(os.environ.items()):
             print(f"{key}={value}", flush=True)

@@ -12,7 +12,7 @@ from optico.agents.failure import RulesFailureAnalysis, first_error
 from optico.launchers.factory import build_launcher
 from optico.launchers.megatron_lm import flag_values, measured, parse_iteration, parse_log, parse_memory, render_args
 from optico.launchers.program import MegatronCoreProgram, MegatronLMProgram, node_layout, prepare
-from optico.launchers.results import OutputCollector, RunEnd, driver_result, megatron_lm_result
+from optico.launchers.results import OutputCollector, RunEnd, driver_result, megatron_lm_result, port_was_taken
 from optico.spec import LauncherSpec, SpecError, parse_spec
 from optico.strategy import strategy_from_mapping
 from optico.trial import FailureCategory
@@ -219,10 +219,26 @@ def test_torchrun_failing_to_bind_its_rendezvous_is_infrastructure():
     lines = ["Traceback (most recent call last):",
              "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
              "address. port: 29500, useIPv6: 0, code: -98, name: EADDRINUSE, message: address already in use"]
-    result = driver_result(_collector(lines), RunEnd(exit_code=1, duration_s=3.0), tiny(), gpu_seconds=6.0,
-                           fingerprint={}, log_path=None)
+    end = RunEnd(exit_code=1, duration_s=3.0)
+    result = driver_result(_collector(lines), end, tiny(), gpu_seconds=6.0, fingerprint={}, log_path=None)
     assert result.category_hint == FailureCategory.INFRASTRUCTURE
     assert _diagnose(result, strategy_from_mapping({})).retry
+    # the same under the user's Megatron-LM command (it had no hint: a configuration's failure to the agents)
+    user_run = megatron_lm_result(_collector(lines), end, tiny(), warmup_iters=3, tp=1, gpu_seconds=6.0,
+                                  fingerprint={}, log_path=None)
+    assert user_run.category_hint == FailureCategory.INFRASTRUCTURE
+
+
+def test_a_master_port_taken_is_told_apart_by_its_number():
+    """The Ray launcher re-runs an attempt whose own master port was taken (tests/launchers/test_ray_launcher.py)."""
+    new_torch = ["torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+                 "address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"]
+    old_torch = ["[node1] RuntimeError: The server socket has failed to listen on any local network address. The "
+                 "server socket has failed to bind to [::]:29500 (errno: 98 - Address already in use)."]
+    for lines in (new_torch, old_torch):
+        assert port_was_taken(_collector(lines), 29500)
+        assert not port_was_taken(_collector(lines), 2950) and not port_was_taken(_collector(lines), 29501)
+    assert not port_was_taken(_collector(["RuntimeError: NCCL error on port 29500: unhandled system error"]), 29500)
 
 
 def test_a_simulated_trial_longer_than_the_spec_s_limits_is_killed_at_the_first_as_a_hang():
@@ -281,3 +297,14 @@ def test_a_secret_looking_variable_passes_to_a_trial_only_when_asked_for_and_is_
     assert asked["NCCL_PASSWORD"] == "nccl-pass-from-the-worker" and asked["TORCH_API_KEY"] == "torch-key-from-the-worker"
     assert "CUDA_SECRET_TOKEN" not in asked
     assert redact("log: nccl-pass-from-the-worker torch-key-from-the-worker") == "log: *** ***"
+
+
+def test_the_ray_master_port_is_drawn_below_the_ephemeral_range():
+    """Outgoing connections take ephemeral ports; the master port comes from below them (a port
+    found free there cannot be handed to a connection before torchrun binds it)."""
+    from optico.launchers.ray_launcher import PORT_SPAN, _ephemeral_low, _free_port
+
+    low = _ephemeral_low()
+    ports = {_free_port("127.0.0.1") for _ in range(20)}
+    assert all(max(1024, low - PORT_SPAN) <= port < low for port in ports), (low, ports)
+    assert len(ports) > 1  # drawn, not the same port every trial

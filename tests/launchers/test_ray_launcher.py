@@ -5,7 +5,8 @@ rank-0 actor as master.
 - real megatron-core training on CPU: PP2 with VPP on one node with 2 GPUs; MoE with EP2 over
   two nodes of 1 GPU each (torchrun --nnodes 2); recorded in the pool;
 - a placement group the cluster cannot satisfy fails after its timeout with "cluster lacks";
-- an actor killed mid-run is an infrastructure fault: the trial is re-run and succeeds;
+- an actor killed mid-run, or a master port taken before torchrun binds it, is an infrastructure
+  fault: the trial is re-run and succeeds;
 - wall-clock limit and cancel leave no actor, placement group or process behind.
 """
 
@@ -92,6 +93,19 @@ def test_a_placement_group_that_cannot_be_satisfied_fails_after_its_timeout(ray_
     assert time.monotonic() - t0 < 30
     assert not result.ok and result.category_hint == FailureCategory.INFRASTRUCTURE
     assert result.log.startswith("placement group failed: cluster lacks 2 GPUs"), result.log
+    assert_clean(tmp_path)
+
+
+def test_a_master_port_taken_before_torchrun_binds_it_is_rerun_on_another_port(ray_cluster, tmp_path: Path):
+    """The rank-0 agent probes a free port and torchrun binds it a moment later; an outgoing
+    connection may take it in between (seen in CI: EADDRINUSE at the rendezvous). That is the
+    launcher's race, not the configuration's: the attempt is re-run with a fresh port."""
+    marker = tmp_path / "port-taken"
+    result = asyncio.run(launcher(tmp_path, fake("--fake-port-taken-once", str(marker)), max_infra_retries=1).launch(
+        tiny(gpus_per_node=1, nodes=1, gpu="h100-sxm"), strategy_from_mapping({}), trial_key="port-taken"))
+    assert marker.exists() and result.ok, result.log
+    (lost,) = result.fingerprint["infra_faults"]
+    assert "was taken before torchrun bound it" in lost and result.fingerprint["attempt"] == 2
     assert_clean(tmp_path)
 
 
