@@ -54,11 +54,11 @@ demo: $(VENV)/.installed
 bench: $(VENV)/.installed-bench
 	$(BIN)/optico bench --quick
 
-# Whole test files on TEST_WORKERS pytest-xdist workers (module-scoped servers start once per file),
-# in the order tests/conftest.py gives them (slow files first); CI has two cores.
+# Whole test files on TEST_WORKERS pytest-xdist workers (module-scoped servers start once per file);
+# CI has two cores.
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) runs

@@ -16,21 +16,6 @@ SHARED_DATA = REPO / "benchmarks" / "data" / "published"
 PACKAGED_OPTICO_CSV = REPO / "optico" / "data" / "optico_llama3_8b_a100.csv"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files holding `slow` tests run first, then files by their number of tests (xdist's own order,
-    `make test` turns its reordering off for this one). Whole files go to the two CI workers in this
-    order: xdist's order alone, by number of tests, left the few minutes-long tests of the LLM-server
-    and example files for last, on one worker while the other had finished (23 min where the work
-    summed to ~19 per worker)."""
-    count: dict[Path, int] = {}
-    slow: set[Path] = set()
-    for item in items:
-        count[item.path] = count.get(item.path, 0) + 1
-        if item.get_closest_marker("slow"):
-            slow.add(item.path)
-    items.sort(key=lambda item: (item.path not in slow, -count[item.path]))  # stable: a file's order kept
-
-
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'pool.db'}"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -146,6 +148,30 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, cli_env: dict):
     reference = json.loads((tmp_path / "c.json").read_text())
     assert [t["strategy"] for t in reference["trials"]] == [t["strategy"] for t in result["trials"]]
     assert [t["metrics"] for t in reference["trials"]] == [t["metrics"] for t in result["trials"]]
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signal handlers: main thread")
+def test_sigterm_under_tune_lands_at_the_next_await_not_inside_a_statement():
+    """SIGTERM during a job takes Ctrl-C's path under asyncio.run: the job's task is cancelled at its
+    next await. Raised from the handler, it once cut a pool commit short on PostgreSQL, and the job
+    failed ("This session is in 'committed' state") instead of being interrupted."""
+    from optico.cli.tune import SigtermSeen, sigterm_as_interrupt
+
+    statement_done: list[bool] = []
+
+    async def job() -> None:
+        # A synchronous statement in the loop's thread (a commit), with SIGTERM arriving inside it.
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        until = time.monotonic() + 0.5
+        while time.monotonic() < until:
+            pass
+        statement_done.append(True)
+        await asyncio.sleep(30)
+
+    seen = SigtermSeen()
+    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt(seen):
+        asyncio.run(job())
+    assert statement_done == [True] and seen.seen
 
 
 def test_sigterm_of_a_stopping_tune_says_how_the_job_ended(tmp_path: Path, cli_env: dict):

@@ -120,18 +120,36 @@ class Terminated(KeyboardInterrupt):
     interrupted and its lease released, so `--resume` need not wait for the lease to expire."""
 
 
+class SigtermSeen:
+    """Whether SIGTERM came while `sigterm_as_interrupt` was in force (tune exits 143, not 130)."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
+def sigterm_as_interrupt(received: SigtermSeen | None = None) -> Iterator[SigtermSeen]:
+    """SIGTERM takes Ctrl-C's path. Under `asyncio.run` that is the runner's SIGINT handler, which
+    cancels the job's task at its next await; raising from the handler instead stopped the main
+    thread mid-statement, once inside a pool commit on PostgreSQL, and SQLAlchemy's cleanup then
+    failed the job ("This session is in 'committed' state") rather than interrupting it. Without a
+    running loop it raises `Terminated` as Ctrl-C would raise KeyboardInterrupt."""
+    received = received or SigtermSeen()
     if threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread may set handlers (an in-process caller's worker thread)
+        yield received  # only the main thread may set handlers (an in-process caller's worker thread)
         return
 
     def interrupt(signum: int, frame: object) -> None:
+        received.seen = True
+        on_sigint = signal.getsignal(signal.SIGINT)
+        if callable(on_sigint) and on_sigint is not signal.default_int_handler:
+            on_sigint(signal.SIGINT, frame)  # asyncio.run's: cancels the main task (a second one raises)
+            return
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        yield
+        yield received
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -276,9 +294,10 @@ def tune(
                 payload = _with_log_path(store, job_id, payload)
             view.on_event(kind, payload)
 
+        sigterm = SigtermSeen()
         try:
             if store.get_job(job_id).status is not JobStatus.SUCCEEDED:
-                with sigterm_as_interrupt():
+                with sigterm_as_interrupt(sigterm):
                     if view.live:
                         with Live(view.progress, console=console, refresh_per_second=4):
                             run_job(store, url, job_id, on_event=on_event, policy=policy)
@@ -295,7 +314,8 @@ def tune(
                 err.print(f"interrupted: job {job_id} is {ended.status.value}"
                           + (f" ({markup(ended.stop_reason, one_line=True)})" if ended.stop_reason else ""),
                           highlight=False)
-            raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
+            terminated = isinstance(exc, Terminated) or sigterm.seen
+            raise typer.Exit(143 if terminated else 130) from None
         result = job_result(store, job_id)
         final = store.get_job(job_id)
         succeeded = final.status is JobStatus.SUCCEEDED
