@@ -115,6 +115,12 @@ def _compose(head: str, collector: OutputCollector, log_path: str | None, upto: 
     return f"{head}\n{banner}\n{tail}\n"
 
 
+def _rendezvous_hint(block: str | None) -> FailureCategory | None:
+    """INFRASTRUCTURE when the root error is torchrun's rendezvous failing to bind or reach its store:
+    the network, not the configuration."""
+    return FailureCategory.INFRASTRUCTURE if block and _RENDEZVOUS.search(block) else None
+
+
 def _killed(end: RunEnd, collector: OutputCollector, log_path: str | None) -> tuple[str, FailureCategory]:
     if end.killed == "timeout":
         head = (f"run killed: wall-clock limit of {end.detail} reached (timeout); the whole process group "
@@ -220,8 +226,7 @@ def driver_result(collector: OutputCollector, end: RunEnd, workload: Workload, *
         head = _head_first(block) if block else (
             f"the run exited with status {end.exit_code} without a result line"
             + (" (torchrun or the interpreter failed before the driver started)" if not collector.steps else ""))
-        # torchrun's rendezvous failing to bind or reach its store: the network, not the configuration
-        hint = FailureCategory.INFRASTRUCTURE if block and _RENDEZVOUS.search(block) else None
+        hint = _rendezvous_hint(block)
     hint = None if hint == FailureCategory.UNKNOWN else hint
     return LaunchResult(ok=False, log=_compose(head, collector, log_path), category_hint=hint,
                         fingerprint=fingerprint, **base)
@@ -248,8 +253,7 @@ def megatron_lm_result(collector: OutputCollector, end: RunEnd, workload: Worklo
         return LaunchResult(ok=True, metrics=metrics, log=_compose(summary, collector, log_path), fingerprint=fp,
                             **base)
     block = _root_error(collector)
-    # torchrun's rendezvous failing to bind or reach its store: the network, not the configuration
-    hint = FailureCategory.INFRASTRUCTURE if block and _RENDEZVOUS.search(block) else None
+    hint = _rendezvous_hint(block)
     if block:
         head = _head_first(block)
     elif end.exit_code == 0:
