@@ -138,6 +138,11 @@ COLUMNS: tuple[str, ...] = (
 # Bounds on a replay CSV, wherever it is read (a spec's launcher.data, --data, --landscape).
 MAX_CSV_BYTES = 8 * 1024 * 1024  # 8x the largest published table we ship
 MAX_CSV_ROWS = 20_000  # 30x the largest published table; parsing a row costs ~25 us
+# A cell longer than this is no table's: its row is malformed, and the cell is not parsed (a cell may
+# hold 128 KiB, and reading figures out of a long run of digits or spaces grows with its square).
+MAX_CELL_CHARS = 256  # the longest shipped configuration or measurement cell: 136
+MAX_TEXT_CELL_CHARS = 8192  # source and notes; the longest shipped: 1,620 (a run's arguments)
+_TEXT_COLUMNS = frozenset({"source", "notes"})
 # Optional knob columns the registry names (etp, first_pp_layers, last_pp_layers, ...).
 KNOB_COLUMNS: tuple[str, ...] = tuple(k.csv for k in KNOBS if k.csv and k.csv not in COLUMNS)
 # The architecture: without these (and with no preset by name) a row says nothing we can model.
@@ -300,7 +305,7 @@ def _megatron_args(notes: str) -> dict[str, str] | None:
     found = re.search(r"\bargs:\s*(.*)", notes)
     if not found:
         return None
-    return dict(re.findall(r"([a-z][a-z0-9-]*)=([^,;\s]+)", found.group(1)))
+    return dict(re.findall(r"(?<![a-z0-9-])([a-z][a-z0-9-]*)=([^,;\s]+)", found.group(1)))
 
 
 # A knob flag named in free-text notes ("comm overlap flags --overlap-grad-reduce --tp-comm-overlap")
@@ -518,7 +523,7 @@ class _Parse:
     def _paired(self, name: str) -> None:
         """'31737 (30341)', '1 (2)': two figures in one cell; the first is read, and the row says so."""
         cell = self.cells.get(name) or ""
-        if _PAIR.fullmatch(cell):
+        if figure_pair(cell):
             self.inferred.append(f"{name} {cell.strip()[:40]!r}: {_FIRST_OF_PAIR}")
 
     def integer(self, name: str) -> int | None:
@@ -1143,24 +1148,40 @@ def _read_rows(path: Path, text: str, defaults: ReplayDefaults, strict: bool) ->
             if not any(cell.strip() for cell in record):
                 continue  # a blank line
             cells = {column: value for column, value in zip(columns, record) if column is not None}
+            too_long = _blank_long_cells(cells)
             for row in _runs_of(cells, path.name, start, defaults, units):
                 if len(rows) >= MAX_CSV_ROWS:
                     raise ReplayError(f"{path}: more than {MAX_CSV_ROWS:,} rows; a replay CSV may have at most that")
-                rows.append(_checked(row, record, header, memory_measure, strict))
+                rows.append(_checked(row, record, header, memory_measure, strict, too_long))
                 report.add(rows[-1])
     return rows, report
 
 
-def _checked(row: ReplayRow, record: list[str], header: list[str], memory_measure: str, strict: bool) -> ReplayRow:
-    """`row` with what its record's shape says: more fields than the header (shifted cells) skip it,
-    fewer mark it malformed; with `strict` a row that cannot be used is an error."""
+def _blank_long_cells(cells: dict[str, str]) -> list[str]:
+    """Empties each cell over its length bound, in place; says which were, and how long."""
+    out = []
+    for column, value in cells.items():
+        bound = MAX_TEXT_CELL_CHARS if column in _TEXT_COLUMNS else MAX_CELL_CHARS
+        if len(value) > bound:
+            cells[column] = ""
+            out.append(f"{column} cell of {len(value):,} characters: longer than a table's (at most {bound:,})")
+    return out
+
+
+def _checked(row: ReplayRow, record: list[str], header: list[str], memory_measure: str, strict: bool,
+             too_long: list[str]) -> ReplayRow:
+    """`row` with what its record's shape says: more fields than the header (shifted cells) or a cell
+    too long to be a table's skip it, fewer mark it malformed; with `strict` a row that cannot be used
+    is an error."""
     if memory_measure:
         row = row.model_copy(update={"memory_measure": memory_measure})
+    wrong = too_long.copy()
     if any(cell.strip() for cell in record[len(header):]):  # empty ones: a trailing comma, harmless
-        shifted = (f"{len(record)} fields against the header's {len(header)} (an unquoted comma in a "
-                   f"cell shifts every cell after it)")
-        row = row.model_copy(update={"skip_reason": "; ".join(filter(None, [shifted, row.skip_reason])),
-                                     "malformed": [shifted, *row.malformed]})
+        wrong.append(f"{len(record)} fields against the header's {len(header)} (an unquoted comma in a "
+                     f"cell shifts every cell after it)")
+    if wrong:
+        row = row.model_copy(update={"skip_reason": "; ".join(filter(None, [*wrong, row.skip_reason])),
+                                     "malformed": [*wrong, *row.malformed]})
     elif len(record) < len(header):  # read with its missing cells unknown, but not a whole record
         row = row.model_copy(update={"malformed": [
             f"{len(record)} fields against the header's {len(header)} (a row cut short, or a quote "
@@ -1170,8 +1191,20 @@ def _checked(row: ReplayRow, record: list[str], header: list[str], memory_measur
     return row
 
 
-# A cell holding two runs' figures, NeMo's way: '1 (0)', '31737 (30341)'.
-_PAIR = re.compile(r"\s*([^()]*?\d[^()]*?)\s*\(\s*([-+]?\d[^()]*?)\s*\)\s*")
+def figure_pair(cell: str) -> tuple[str, str] | None:
+    """A cell holding two runs' figures, NeMo's way ('1 (0)', '31737 (30341)'): (first, second), else None.
+    Read with string operations: the pattern this was took minutes on a cell of spaces and digits."""
+    text = cell.strip()
+    if not text.endswith(")") or text.count("(") != 1 or text.count(")") != 1:
+        return None
+    first, _, second = text[:-1].partition("(")
+    first, second = first.strip(), second.strip()
+    unsigned = second[1:] if second.startswith(("+", "-")) else second
+    if not any(ch.isdigit() for ch in first) or not unsigned[:1].isdigit():
+        return None
+    return first, second
+
+
 # The cells that say what a run measured, and those that say what ran: only these pair two runs
 # (a model name 'Llama3 (8B)' is one name).
 _MEASUREMENTS = frozenset({*_MEASURED_UNITS, "tflops_per_gpu", "tokens_per_s_per_gpu"})
@@ -1187,11 +1220,11 @@ def _runs_of(cells: dict[str, str], file: str, line: int, defaults: ReplayDefaul
     step time given once belongs to the first). Measurements alone paired, or layout cells pairing a
     figure with itself, are one configuration measured twice: one row, its first figures."""
     paired = {column: found for column, cell in cells.items()
-              if column in _MEASUREMENTS | _LAYOUT_COUNTS and (found := _PAIR.fullmatch(cell or ""))}
+              if column in _MEASUREMENTS | _LAYOUT_COUNTS and (found := figure_pair(cell or ""))}
     first = parse_row(cells, file, line, defaults, units)
-    if all(paired[c].group(1) == paired[c].group(2) for c in paired.keys() & _LAYOUT_COUNTS):
+    if all(paired[c][0] == paired[c][1] for c in paired.keys() & _LAYOUT_COUNTS):
         return [first]  # no layout cell differs between the runs (or none pairs): one configuration
-    second = {column: paired[column].group(2) if column in paired else "" if column in _MEASUREMENTS else cell
+    second = {column: paired[column][1] if column in paired else "" if column in _MEASUREMENTS else cell
               for column, cell in cells.items()}
     row = parse_row(second, file, line, defaults, units)
     said = [note.replace(_FIRST_OF_PAIR, "the figure of the first run (the second run is the next row)")

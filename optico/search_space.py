@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from optico.knobs import BY_NAME, KNOBS
-from optico.strategy import FIELDS, Strategy, canonical_field, display_value
+from optico.strategy import FIELDS, FULL_RECOMPUTE_DETAILS, Strategy, canonical_field, check_value, display_value
 from optico.workload import Workload
 
 # Knobs every job tunes unless its spec says otherwise (the paper's tunables plus SP and MoE knobs).
@@ -210,7 +210,7 @@ def _normal(field: str, value: Any) -> Any:
 
 def _irrelevant(field: str, s: Strategy) -> bool:
     """Recompute details do not matter without full recompute."""
-    return field in ("recompute_method", "recompute_num_layers") and s.recompute_granularity != "full"
+    return field in FULL_RECOMPUTE_DETAILS and s.recompute_granularity != "full"
 
 
 def _coerce(field: str, value: Any, where: str) -> Any:
@@ -218,7 +218,7 @@ def _coerce(field: str, value: Any, where: str) -> Any:
     if field == "recompute_granularity" and isinstance(value, str) and value.lower() in ("none", "no", "off"):
         value = None
     try:
-        Strategy.model_validate({field: value})
+        check_value(field, value)
     except Exception as exc:  # pydantic's message names the constraint
         first = exc.errors()[0]["msg"] if hasattr(exc, "errors") else str(exc)
         raise ValueError(f"{where}: {value!r} is not a valid {field} ({first})") from exc

@@ -33,7 +33,7 @@ from optico.replay_csv import check_replay_csv
 from optico.rules import is_valid, violations
 from optico.safe_yaml import load_yaml
 from optico.search_space import SearchSpace
-from optico.strategy import Strategy, canonical_field, strategy_from_mapping
+from optico.strategy import Strategy, canonical_field, check_value, strategy_from_mapping
 from optico.textsafe import BIDI, INVISIBLE, SEPARATORS, SURROGATES, has_visible
 from optico.workload import PRESETS, Cluster, Framework, ModelArch, Workload
 
@@ -359,7 +359,7 @@ def _strategy_value(field: str, value: Any, where: str) -> Any:
     if isinstance(value, int) and not isinstance(value, bool) and value > MAX_STRATEGY_INT:
         raise SpecError(where, f"{value} is more than the limit of {MAX_STRATEGY_INT:,}")
     try:
-        Strategy.model_validate({field: value}, strict=True)
+        check_value(field, value, strict=True)
     except ValidationError as exc:
         err = exc.errors()[0]
         raise SpecError(where, f"{_describe(value)} is not a valid {field}: {_message(err)}") from None

@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from optico.knobs import ALIASES, BY_NAME, KNOBS, PAPER_NAMES, RETIRED, SIGNATURE_BASE_VERSION, Knob, canonical_name
 
-__all__ = ["Strategy", "FIELDS", "ALIASES", "PAPER_NAMES", "canonical_field", "strategy_from_mapping",
-           "display_value"]
+__all__ = ["Strategy", "FIELDS", "ALIASES", "PAPER_NAMES", "FULL_RECOMPUTE_DETAILS", "canonical_field",
+           "strategy_from_mapping", "check_value", "display_value"]
 
 # The knobs `Strategy.short` writes in its own compact form; every other knob it writes by name.
 _SHORT_FIELDS = frozenset({
@@ -30,6 +30,8 @@ _SHORT_FIELDS = frozenset({
     "tp_comm_overlap", "cross_entropy_loss_fusion", "overlap_moe_expert_parallel_comm",
     "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
     "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"})
+# Knobs that mean something only with full recompute: written as None without it (`_canonical`).
+FULL_RECOMPUTE_DETAILS = ("recompute_method", "recompute_num_layers")
 # Knobs that change nothing in some configurations (`Knob.inert`): `Strategy.launch_key` reads them.
 _INERT_KNOBS = tuple(k for k in KNOBS if k.inert is not None)
 
@@ -58,7 +60,7 @@ class _StrategyBase(BaseModel):
         if data.get("virtual_pipeline_model_parallel_size") == 1:
             data["virtual_pipeline_model_parallel_size"] = None
         if data.get("recompute_granularity") != "full":
-            for key in ("recompute_method", "recompute_num_layers"):
+            for key in FULL_RECOMPUTE_DETAILS:
                 if data.get(key) is not None:
                     data[key] = None
         else:
@@ -256,6 +258,14 @@ def canonical_field(name: str) -> str:
 
     Raises KeyError naming the accepted names when `name` is none of them."""
     return canonical_name(name)
+
+
+def check_value(field: str, value: Any, *, strict: bool = False) -> None:
+    """Validates one value of `field` as a Strategy holds it; raises pydantic's ValidationError. A
+    recompute detail is checked under full recompute: alone it would be written as None, whatever
+    it was ("banana" layers included)."""
+    context = {"recompute_granularity": "full"} if field in FULL_RECOMPUTE_DETAILS else {}
+    Strategy.model_validate({**context, field: value}, strict=strict)
 
 
 def strategy_from_mapping(data: dict[str, Any]) -> "Strategy":

@@ -48,7 +48,8 @@ class _Unpadded:
 
 
 # Spaces before a line break, also when a style's reset code sits between them (FORCE_COLOR in a pipe).
-_TRAILING_SPACES = re.compile(r" +(?=(?:\x1b\[[0-9;]*m)*\n)")
+# A run is tried from its first space only: from each of its spaces, a long run took its square.
+_TRAILING_SPACES = re.compile(r"(?<! ) +(?=(?:\x1b\[[0-9;]*m)*\n)")
 
 def _console(stream: str) -> Console:
     """A console on sys.<stream>; ":ok:" in a file name is text, not an emoji. Rich fixes the width COLUMNS

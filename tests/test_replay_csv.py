@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import filecmp
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from optico.replay_cells import CellError, parse_number
 from optico.replay_csv import (
     COLUMNS,
     IMPOSSIBLE,
+    MAX_CELL_CHARS,
+    MAX_TEXT_CELL_CHARS,
     ReplayDefaults,
     ReplayError,
     ReplayRow,
@@ -1142,3 +1145,33 @@ def test_a_zero_is_none_where_tables_write_it_so_and_a_wrong_cell_elsewhere(tmp_
         assert not row.read and row.malformed and row.skip_reason.startswith(f"{column} '0' is not a positive")
     none = one(tmp_path, vpp="0", num_experts="0")
     assert none.usable and none.strategy.virtual_pipeline_model_parallel_size is None
+
+
+def test_a_cell_longer_than_a_table_s_makes_its_row_malformed_and_is_not_parsed(tmp_path: Path) -> None:
+    # Reading a figure out of a long run of digits or spaces grew with the square of its length (a
+    # 4,000-digit cell: 1 s a row); one pattern was cubic. A cell may hold 128 KiB.
+    path = tmp_path / "long.csv"
+    good = "Llama3-8B,32,4096,32,8,14336,128256,8192,A100-80GB,8,2,1,1,128,ok"
+    long_tp = good.replace(",2,1,1,128,ok", ",1" + " " * 100_000 + "(,1,1,128,ok")
+    path.write_text(f"{HEADER}\n{good}\n{long_tp}\n")
+    started = time.monotonic()
+    rows, report = read_replay_file(path)
+    assert time.monotonic() - started < 5
+    assert rows[0].read and not rows[1].read and rows[1].malformed
+    assert rows[1].skip_reason.startswith(f"tp cell of 100,002 characters: longer than a table's (at most "
+                                          f"{MAX_CELL_CHARS})")
+    with pytest.raises(ReplayError, match="tp cell of 100,002 characters"):
+        read_replay_file(path, strict=True)
+
+
+@pytest.mark.parametrize("unit", ["1", " ", "1 (", "( ", "\t1", "a="])
+def test_cells_at_the_length_bound_read_in_linear_time(tmp_path: Path, unit: str) -> None:
+    path = tmp_path / "bound.csv"
+    cell = (unit * MAX_CELL_CHARS)[:MAX_CELL_CHARS]
+    notes = (unit * MAX_TEXT_CELL_CHARS)[:MAX_TEXT_CELL_CHARS - 6] + "args: "
+    rows = "\n".join(f'Llama3-8B,32,4096,32,8,14336,128256,8192,A100-80GB,8,"{cell}",1,1,128,ok,"{notes}"'
+                     for _ in range(50))
+    path.write_text(f"{HEADER},Notes\n{rows}\n")
+    started = time.monotonic()
+    read_replay_file(path)
+    assert time.monotonic() - started < 10  # ~0.1 s here for the 50 rows

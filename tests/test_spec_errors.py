@@ -50,6 +50,18 @@ CASES = [
      "unknown strategy parameter 'turbo_mode'"),
     (GOOD.replace("tunables: [tp, pp, mbs]", "tunables: {tp: [1, -2]}"), "search_space.tunables.tp",
      "not a valid tensor_model_parallel_size"),
+    # The recompute details mean nothing without full recompute, and checked alone any value passed:
+    # a bad one reached the search space and ended `tune` in a traceback (found by fuzzing specs).
+    (GOOD.replace("tunables: [tp, pp, mbs]", "tunables: {recompute: [full], recompute_num_layers: [[1, 2], 3]}"),
+     "search_space.tunables.recompute_num_layers", "valid integer"),
+    (GOOD.replace("tunables: [tp, pp, mbs]", "tunables: {recompute: [full], recompute_num_layers: [0]}"),
+     "search_space.tunables.recompute_num_layers", "greater than 0"),
+    (GOOD.replace("tunables: [tp, pp, mbs]", "tunables: {recompute: [full], recompute_method: [sideways]}"),
+     "search_space.tunables.recompute_method", "'uniform' or 'block'"),
+    (GOOD.replace("fixed: {use_distributed_optimizer: true}", "fixed: {recompute: full, recompute_num_layers: x}"),
+     "search_space.fixed.recompute_num_layers", "valid integer"),
+    (GOOD + "baseline: {tp: 1, recompute: full, recompute_method: sideways}\n", "baseline.recompute_method",
+     "'uniform' or 'block'"),
     (GOOD + "baseline: {tp: 3, pp: 1, mbs: 1}\n", "baseline.tensor_model_parallel_size", "divisible"),
     (GOOD + "baseline: {tp: 2, pp: 1, mbs: 1, warp_speed: 9}\n", "baseline", "unknown strategy parameter"),
     # The field set off its default is named, not the first one the rule reads (TP, left at 1).

@@ -54,7 +54,7 @@ from optico.llm.formats import (
     generation_schema,
 )
 from optico.llm.history import HistoryView, history_view
-from optico.llm.parsing import extract_json, split_reasoning, without_confidence
+from optico.llm.parsing import extract_json, split_reasoning, too_long, without_confidence
 from optico.llm.prompts import config_json, config_line, render, search_space_block, semantics_block, workload_block
 from optico.llm.settings import LLMSettings, load_settings
 from optico.llm.untrusted import cell, excerpt, fence
@@ -67,6 +67,7 @@ from optico.textsafe import terminal_text
 from optico.trial import Failure, FailureCategory, Trial, TrialStatus
 
 T = TypeVar("T")
+KEPT_OF_A_LONG_ANSWER = 4000  # characters of an answer too long to read that the pool keeps
 
 REASK = ("Your previous answer could not be used: {error}.\n"
          "Answer again in the required format, using only the parameters and values of the search space. "
@@ -142,12 +143,17 @@ class _LLMAgent:
             # Redacted before anything is parsed, cut or stored: an answer that echoes a key
             # must not carry it into a diagnosis, a rationale or the pool.
             thought, answer = split_reasoning(redactor.text(completion.text))
-            data = redactor.scrub(extract_json(answer))
+            refused = too_long(answer)
+            if refused:  # not parsed, and kept only in part
+                answer = answer[:KEPT_OF_A_LONG_ANSWER]
+            data = None if refused else redactor.scrub(extract_json(answer))
             think = data.get("think") if isinstance(data, dict) and isinstance(data.get("think"), str) else ""
             reasoning = _join(redactor.text(completion.reasoning), thought, think)
             if think:  # stored under "reasoning" (shown only on request), not twice
                 answer = json.dumps({k: v for k, v in data.items() if k != "think"})
             try:
+                if refused:
+                    raise AnswerError(refused)
                 result = parse(data if isinstance(data, dict) else None, answer)
             except ValueError as exc:  # AnswerError, or a value a contract model refused
                 detail = str(exc) if isinstance(exc, AnswerError) else " ".join(str(exc).split())

@@ -23,6 +23,7 @@ from optico.llm.parsing import (
     parse_changes,
     parse_confidence,
     parse_kv,
+    without_trailing_confidence,
 )
 from optico.llm.untrusted import clean, first_error_index, looks_like_instruction, withhold_instructions
 from optico.perfmodel.bottleneck import Bottleneck
@@ -78,6 +79,15 @@ def _tunable_value(field: str, raw: Any, space: SearchSpace, errors: list[str], 
     return True, found
 
 
+def _listed(raw: Any, name: str, errors: list[str]) -> list[Any]:
+    """A field the answer must give as a list: absent is empty; anything else (a number, an object) is
+    an error for the re-ask, not a TypeError that would skip it."""
+    if raw is None or isinstance(raw, list):
+        return raw or []
+    errors.append(f"{name} must be a list, got {type(raw).__name__} {str(raw)[:60]!r}")
+    return []
+
+
 def _fail(errors: list[str]) -> None:
     if errors:
         more = f" (and {len(errors) - 6} more)" if len(errors) > 6 else ""
@@ -114,7 +124,7 @@ def analysis_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpac
     if data is not None:
         health_raw, reason, bottleneck_raw = data.get("health"), data.get("health_reason", ""), data.get("bottleneck")
         directive = data.get("directive", "")
-        for item in data.get("suggestions") or []:
+        for item in _listed(data.get("suggestions"), "suggestions", errors):
             if not isinstance(item, dict):
                 errors.append(f"suggestion {item!r} is not an object")
                 continue
@@ -206,7 +216,7 @@ def generation_answer(data: dict[str, Any] | None, text: str, *, space: SearchSp
         items = data.get("proposals")
         if items is None and isinstance(data.get("config"), dict):
             items = [data]
-        for item in items or []:
+        for item in _listed(items, "proposals", errors):
             if not isinstance(item, dict) or not isinstance(item.get("config", item.get("configuration")), dict):
                 errors.append(f"a proposal needs a config object, got {str(item)[:80]!r}")
                 continue
@@ -334,6 +344,7 @@ def failure_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpace
         names = data.get("params") or []
         if isinstance(names, str):
             names = [names]
+        names = _listed(names, "params", errors)
         raw_conf = data.get("confidence", parse_confidence(summary))
         evidence = str(data.get("evidence") or "")
         retry = bool(data.get("retry")) or _says_retry(summary)
@@ -368,7 +379,7 @@ def failure_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpace
                       f"'No parameter issue. RETRY'; name the parameters responsible")
     _fail(errors)
     # The paper's form ends with the confidence; the word limit applies to what precedes it.
-    body = re.sub(r"\s*\(?\s*Confidence\s*[:=]?\s*\d{1,3}\s*%?\s*\)?\s*$", "", summary, flags=re.I)
+    body = without_trailing_confidence(summary)
     refused = earned_retry(detected=detected, confidence=confidence, evidence=evidence, log=log,
                            attempts=attempts) if retry else None
     if retry and refused:

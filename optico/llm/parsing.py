@@ -16,17 +16,32 @@ from typing import Any
 from optico.safe_yaml import MAX_DEPTH
 from optico.strategy import Strategy
 
-_THINK = re.compile(r"<think>(.*?)</think>", re.S | re.I)
 _JSON_FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.S | re.I)
-_PAIR = re.compile(r"([A-Za-z_][\w\-]*)\s+from\s+([^\s,;]+?)\s+to\s+([^\s,;]+?)(?=\s*(?:,|;|\band\b|\.(?:\s|$)|\)|$))",
+# Patterns run on untrusted text: none starts a match where an earlier start would have matched the same
+# text (a name starts a word; "Confidence" is a word), so a long run of spaces or letters is read once,
+# not once per start (a leading \s* made "(Confidence: N)" cubic: 2,000 spaces took minutes).
+_PAIR = re.compile(r"\b([A-Za-z_][\w\-]*)\s+from\s+([^\s,;]+?)\s+to\s+([^\s,;]+?)(?=\s*(?:,|;|\band\b|\.(?:\s|$)|\)|$))",
                    re.I)
 _CHANGE = re.compile(r"\bChange\s+(.*?)(?:\.(?=\s|$)|$)", re.I | re.S)
-_CONFIDENCE = re.compile(r"\(?\s*Confidence\s*[:=]?\s*(\d{1,3})\s*%?\s*\)?", re.I)
-_KV = re.compile(r"^\s*(?:[-*]\s*)?\**([A-Za-z][A-Za-z0-9_ \-]{0,40}?)\**\s*[:=]\s*(.*?)\s*$")
+_CONFIDENCE = re.compile(r"\bConfidence\s*+[:=]?\s*+(\d{1,3})\s*+%?(?:\s*+\))?", re.I)
+_TRAILING_CONFIDENCE = re.compile(_CONFIDENCE.pattern + r"\s*+\Z", re.I)
+_KV = re.compile(r"^\s*(?:[-*]\s*)?\**([A-Za-z][A-Za-z0-9_ \-]{0,40}?)\**\s*[:=]\s*+(.*)")
 _ITEM = re.compile(r"^\s*(?:\d+[.)]|[-*])\s+")
+# What the parsers read of an answer at most, its reasoning taken out. An agent's answer is a few
+# kilobytes; the transport stops one at 16 characters per token asked for (`client.CHARS_PER_TOKEN`),
+# which is megabytes when max_tokens is raised for a reasoning model.
+MAX_ANSWER_CHARS = 32 * 1024
 _NONE = {"none", "null", "no", "off", "-", "", "n/a", "disabled"}
 _TRUE = {"true", "yes", "on", "1", "enabled"}
 _FALSE = {"false", "no", "off", "0", "disabled"}
+
+
+def too_long(answer: str) -> str | None:
+    """Why an answer (its reasoning taken out) is too long to parse, else None."""
+    if len(answer) <= MAX_ANSWER_CHARS:
+        return None
+    return (f"the answer has {len(answer):,} characters besides its reasoning; at most {MAX_ANSWER_CHARS:,} "
+            f"are read: answer in the required form only")
 
 
 def split_reasoning(text: str) -> tuple[str, str]:
@@ -34,8 +49,12 @@ def split_reasoning(text: str) -> tuple[str, str]:
 
     Handles a missing opening tag (some chat templates open it in the prompt) and an
     unclosed one (a reasoning model cut off by max_tokens: all reasoning, no answer)."""
-    thoughts = [m.strip() for m in _THINK.findall(text)]
-    rest = _THINK.sub("", text)
+    thoughts, kept, low, pos = [], [], text.lower(), 0
+    while (start := low.find("<think>", pos)) >= 0 and (end := low.find("</think>", start)) >= 0:
+        kept.append(text[pos:start])
+        thoughts.append(text[start + len("<think>"):end].strip())
+        pos = end + len("</think>")
+    rest = "".join(kept) + text[pos:]
     if "</think>" in rest.lower():
         head, _, rest = re.split(r"(</think>)", rest, maxsplit=1, flags=re.I)
         thoughts.insert(0, head.strip())
@@ -91,7 +110,23 @@ def parse_confidence(text: str) -> int | None:
 
 def without_confidence(text: str) -> str:
     """`text` with every "(Confidence: N)" taken out."""
-    return re.sub(r"\s*" + _CONFIDENCE.pattern, "", text, flags=re.I).strip()
+    kept, pos = [], 0
+    for m in _CONFIDENCE.finditer(text):
+        kept.append(_before_confidence(text[pos:m.start()]))
+        pos = m.end()
+    return ("".join(kept) + text[pos:]).strip()
+
+
+def without_trailing_confidence(text: str) -> str:
+    """`text` without a "(Confidence: N)" that ends it."""
+    m = _TRAILING_CONFIDENCE.search(text)
+    return _before_confidence(text[:m.start()]) if m else text
+
+
+def _before_confidence(head: str) -> str:
+    """What precedes a "Confidence: N", less the spaces and the parenthesis that open it."""
+    head = head.rstrip()
+    return head[:-1].rstrip() if head.endswith("(") else head
 
 
 def _scalar(raw: str) -> str:
@@ -144,15 +179,15 @@ def parse_kv(text: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for line in text.splitlines():
         m = _KV.match(line)
-        if m and m.group(2):
-            out[m.group(1).strip().lower().replace(" ", "_").replace("-", "_")] = m.group(2)
+        if m and (value := m.group(2).rstrip()):
+            out[m.group(1).strip().lower().replace(" ", "_").replace("-", "_")] = value
     return out
 
 
 def kv_blocks(text: str, header: str = "proposal") -> list[dict[str, str]]:
     """"KEY: value" blocks, split at lines starting with `header` (else at blank lines).
     Each block also carries its raw text under "_text"."""
-    parts = re.split(rf"^\s*(?:#+\s*)?\**{header}\b[^\n]*$", text, flags=re.I | re.M)
+    parts = re.split(rf"^[ \t]*(?:#+[ \t]*)?\**{header}\b[^\n]*$", text, flags=re.I | re.M)
     if len(parts) == 1:
         parts = re.split(r"\n\s*\n", text)
     blocks = []

@@ -5,6 +5,7 @@ server (real HTTP, the real `openai` client)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -265,4 +266,22 @@ def test_a_key_in_a_training_log_never_reaches_a_prompt_or_the_pool(db_url: str,
     assert server.by_role("failure") and not [c for c in server.calls if API_KEY in json.dumps(c.body)]
     assert API_KEY not in json.dumps(result)
     assert API_KEY not in json.dumps([m.content for m in store.messages(result["job_id"])])
+    store.close()
+
+
+def test_an_answer_too_long_to_parse_is_refused_recorded_and_answered_by_the_rules(db_url: str, fake_llm):
+    # max_tokens raised (a reasoning model's setting): the transport lets 64,000 characters through, the
+    # parsers read 32 KiB. The flood is whitespace around "(Confidence: N)", which once made them cubic.
+    def flood(call: Call):
+        return "(Confidence: 9" + " " * 40_000 + ")" if call.role == "analysis" else None
+
+    fake_llm(flood, max_tokens=4000, max_tokens_analysis=4000)
+    started = time.monotonic()
+    result, store = run_llm_job(db_url, llm_spec(2, ReasonerSpec.every("llm-led")))
+    assert time.monotonic() - started < 60
+    assert _decisions(result)[2]["analysis"]["fallback"]["cause"] == "invalid-answer"
+    asked = [m for m in messages_of(store, result["job_id"], "analysis") if m.kind in ("llm_call", "llm_reask")]
+    assert len(asked) == 2 and all("40,015 characters besides its reasoning" in m.content["error"] for m in asked)
+    assert all(len(m.content["completion"]) <= 4000 for m in asked)  # the pool keeps a part
+    assert "at most 32,768 are read" in asked[1].content["messages"][-1]["content"]  # the re-ask says why
     store.close()

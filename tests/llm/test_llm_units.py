@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -11,7 +12,18 @@ from optico.llm.answers import AnswerError, analysis_answer, failure_answer, gen
 from optico.llm.audit import Redactor
 from optico.llm.client import retry_after_s
 from optico.llm.history import history_view
-from optico.llm.parsing import change_items, extract_json, kv_blocks, parse_changes, parse_confidence, split_reasoning
+from optico.llm.parsing import (
+    MAX_ANSWER_CHARS,
+    change_items,
+    extract_json,
+    kv_blocks,
+    parse_changes,
+    parse_confidence,
+    parse_kv,
+    split_reasoning,
+    without_confidence,
+    without_trailing_confidence,
+)
 from optico.llm.prompts import load_template, placeholders, render
 from optico.llm.settings import LLMSettings, load_settings
 from optico.llm.untrusted import cell, clean, excerpt, fence
@@ -52,6 +64,57 @@ def test_paper_text_formats():
     blocks = kv_blocks("PROPOSAL 1\nTP: 1\nPP: 2\nJUSTIFICATION: less TP\n(Confidence: 80)\nPROPOSAL 2\nTP: 4\n")
     assert [(b["tp"], b.get("pp")) for b in blocks] == [("1", "2"), ("4", None)]
     assert parse_confidence("MICRO_BATCH_SIZE 4 caused CUDA OutOfMemoryError (Confidence: 92)") == 92
+
+
+def test_confidence_is_taken_out_with_its_parenthesis_and_the_spaces_before_it():
+    assert without_confidence("TP 8 caused OOM (Confidence: 80)") == "TP 8 caused OOM"
+    assert without_confidence("a ( confidence = 7 % ) b (Confidence 5) c") == "a b c"
+    assert without_trailing_confidence("TP 8 caused OOM ( Confidence: 80 ) ") == "TP 8 caused OOM"
+    assert without_trailing_confidence("Confidence: 80 is what I have") == "Confidence: 80 is what I have"
+    assert parse_kv("  - **TP**:   2   \nMBS = 4\nno pair here") == {"tp": "2", "mbs": "4"}
+
+
+# Texts an answer may be (a model repeating one token, a server ignoring max_tokens) that made the old
+# patterns quadratic or cubic in their length: 2,000 spaces before "(Confidence" took minutes.
+PATHOLOGICAL = ["(Confidence: 9" + " " * MAX_ANSWER_CHARS, "x" + " " * MAX_ANSWER_CHARS + "y (Confidence: 8)",
+                "\n" * MAX_ANSWER_CHARS, " \n" * (MAX_ANSWER_CHARS // 2), "a" * MAX_ANSWER_CHARS + " from 1 to",
+                "TP: " + " " * MAX_ANSWER_CHARS + "x", "<think>" * (MAX_ANSWER_CHARS // 7), "Confidence " * 3000]
+
+
+@pytest.mark.parametrize("text", PATHOLOGICAL, ids=range(len(PATHOLOGICAL)))
+def test_every_parser_reads_an_answer_of_the_largest_size_in_linear_time(text: str):
+    started = time.monotonic()
+    split_reasoning(text)
+    without_confidence(text)
+    without_trailing_confidence(text)
+    parse_confidence(text)
+    parse_kv(text)
+    kv_blocks(text)
+    change_items(text)
+    parse_changes(text)
+    for parse in (lambda: analysis_answer(None, text, space=SPACE, reference=REF, limit=5),
+                  lambda: generation_answer(None, text, space=SPACE, reference=REF, limit=5),
+                  lambda: failure_answer(None, text, space=SPACE, detected=None, excerpt="", log=""),
+                  lambda: failure_answer({"summary": text, "confidence": 50}, "", space=SPACE, detected=None,
+                                         excerpt="", log="")):
+        try:
+            parse()
+        except AnswerError:
+            pass
+    assert time.monotonic() - started < 5  # ~0.1 s here; the old patterns did not finish in 10 minutes
+
+
+@pytest.mark.parametrize("data", [{"suggestions": 3}, {"suggestions": {"a": 1}}, {"proposals": 2.5},
+                                  {"summary": "TP 8 caused OOM (Confidence: 80)", "params": 7}])
+def test_a_list_field_given_as_something_else_is_an_answer_error_not_a_crash(data: dict):
+    # A TypeError skipped the re-ask and left the call out of the pool (found by fuzzing answers).
+    with pytest.raises(AnswerError, match="must be a list"):
+        if "summary" in data:
+            failure_answer(data, "", space=SPACE, detected=None, excerpt="", log="")
+        elif "proposals" in data:
+            generation_answer(data, "", space=SPACE, reference=REF, limit=5)
+        else:
+            analysis_answer(data, "", space=SPACE, reference=REF, limit=5)
 
 
 # -- validation into the contracts ---------------------------------------------------------------
