@@ -279,6 +279,21 @@ def test_settings_read_the_environment_and_fall_back_to_openai_api_key(monkeypat
     assert LLMSettings(base_url="https://user:pw@host:8000/v1?key=x").endpoint_label() == "https://host:8000/v1"
 
 
+@pytest.mark.parametrize(("var", "value"), [("TIMEOUT_S", "inf"), ("TIMEOUT_S", "1e309"), ("TIMEOUT_S", "1e18"),
+                                            ("BACKOFF_BASE_S", "inf"), ("BACKOFF_MAX_S", "1e21"),
+                                            ("RETRY_AFTER_MAX_S", "inf"), ("BREAKER_COOLDOWN_S", "1e309"),
+                                            ("MAX_TOKENS", "999999999999999999999"), ("LOG_MAX_CHARS", "10" * 12),
+                                            ("BREAKER_FAILURES", "9" * 12), ("HISTORY_LAST_N", "9" * 12)])
+def test_a_setting_past_its_bound_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch, var: str,
+                                                                 value: str):
+    # An infinite timeout was accepted and ended `optico llm check` in an OverflowError traceback (found by
+    # fuzzing the environment); a huge one would hold a job, an absurd count grows a prompt without end.
+    monkeypatch.setenv("OPTICO_LLM_MODEL", "m")
+    monkeypatch.setenv(f"OPTICO_LLM_{var}", value)
+    with pytest.raises(ValueError, match=f"^OPTICO_LLM_{var}: Input should be less than or equal to"):
+        load_settings()
+
+
 def test_redactor_scrubs_the_key_and_credential_shapes():
     r = Redactor(["my-secret-key-42"])
     scrubbed = r.scrub({"a": ["Incorrect API key provided: my-secret-key-42"], "b": "Bearer abcdefgh12345678",
