@@ -52,22 +52,29 @@ class LLMSettings(BaseSettings):
     api_version: str | None = Field(None, description="Azure OpenAI API version, e.g. 2024-10-21.")
     temperature: float | None = Field(0.2, ge=0, le=2, description="Sampling temperature; low keeps reruns "
                                                                     "alike. none: not sent (models that refuse it).")
-    max_tokens: int = Field(2048, gt=0, le=MAX_TOKENS, description="Completion tokens per call at most (reasoning included); "
-                                                   "each agent asks for less (max_tokens_<agent>).")
-    max_tokens_analysis: int = Field(900, gt=0, le=MAX_TOKENS, description="Completion tokens an analysis answer may take.")
-    max_tokens_generation: int = Field(1100, gt=0, le=MAX_TOKENS, description="Completion tokens a generation answer may take.")
-    max_tokens_failure: int = Field(450, gt=0, le=MAX_TOKENS, description="Completion tokens a failure diagnosis may take.")
+    max_tokens: int = Field(2048, gt=0, le=MAX_TOKENS,
+                            description="Completion tokens per call at most (reasoning included); "
+                                        "each agent asks for less (max_tokens_<agent>).")
+    max_tokens_analysis: int = Field(900, gt=0, le=MAX_TOKENS,
+                                     description="Completion tokens an analysis answer may take.")
+    max_tokens_generation: int = Field(1100, gt=0, le=MAX_TOKENS,
+                                       description="Completion tokens a generation answer may take.")
+    max_tokens_failure: int = Field(450, gt=0, le=MAX_TOKENS,
+                                    description="Completion tokens a failure diagnosis may take.")
     stream: bool = Field(True, description="Stream answers, so that a timeout closes the connection and the server "
                                            "stops generating (llama.cpp, vLLM) instead of finishing an abandoned "
                                            "answer that later calls wait behind.")
-    timeout_s: float = Field(60.0, gt=0, le=HOUR, description="Seconds one HTTP attempt may take before it counts as "
-                                                     "a timeout and is retried.")
+    timeout_s: float = Field(60.0, gt=0, le=HOUR,
+                             description="Seconds one HTTP attempt may take before it counts as a timeout and is "
+                                         "retried.")
     max_attempts: int = Field(4, ge=1, le=20, description="HTTP attempts per call (429, 5xx, timeouts and "
                                                           "connection errors are retried), then the agent "
                                                           "falls back to its offline reasoner.")
-    backoff_base_s: float = Field(1.0, gt=0, le=HOUR, description="First backoff; doubles per attempt, with full jitter.")
+    backoff_base_s: float = Field(1.0, gt=0, le=HOUR,
+                                  description="First backoff; doubles per attempt, with full jitter.")
     backoff_max_s: float = Field(30.0, gt=0, le=HOUR, description="Longest backoff between two attempts.")
-    retry_after_max_s: float = Field(60.0, ge=0, le=HOUR, description="A server's Retry-After is honoured up to this.")
+    retry_after_max_s: float = Field(60.0, ge=0, le=HOUR,
+                                     description="A server's Retry-After is honoured up to this.")
     structured_output: StructuredOutput = Field(
         "auto", description="auto: try a JSON schema, then the server's own schema form (json_object with a "
                             "schema: llama.cpp), then JSON mode, then plain text, remembering per endpoint what "
@@ -81,15 +88,20 @@ class LLMSettings(BaseSettings):
                                                                "analysis agent as evidence.")
     history_best_k: int = Field(5, ge=1, le=1000, description="Best successful runs the history view keeps.")
     history_last_n: int = Field(6, ge=1, le=1000, description="Most recent runs the history view keeps.")
-    history_token_budget: int = Field(2500, ge=200, le=MAX_TOKENS, description="Tokens (estimated) the compact history view of the "
-                                                                 "model-guided mode may use.")
-    history_token_budget_led: int = Field(900, ge=200, le=MAX_TOKENS, description="Tokens (estimated) the full history table of "
-                                                                    "the llm-led mode may use before it is "
-                                                                    "compressed (failures are never dropped).")
-    log_max_chars: int = Field(4000, ge=500, le=1_000_000, description="Characters of a training log a prompt may quote.")
-    breaker_failures: int = Field(3, ge=1, le=1000, description="Calls failing in a row (after their retries) before "
-                                                       "the endpoint is skipped for `breaker_cooldown_s`.")
-    breaker_cooldown_s: float = Field(300.0, ge=0, le=24 * HOUR, description="How long a tripped breaker skips the endpoint.")
+    history_token_budget: int = Field(2500, ge=200, le=MAX_TOKENS,
+                                      description="Tokens (estimated) the compact history view of the "
+                                                  "model-guided mode may use.")
+    history_token_budget_led: int = Field(900, ge=200, le=MAX_TOKENS,
+                                          description="Tokens (estimated) the full history table of "
+                                                      "the llm-led mode may use before it is "
+                                                      "compressed (failures are never dropped).")
+    log_max_chars: int = Field(4000, ge=500, le=1_000_000,
+                               description="Characters of a training log a prompt may quote.")
+    breaker_failures: int = Field(3, ge=1, le=1000,
+                                  description="Calls failing in a row (after their retries) before "
+                                              "the endpoint is skipped for `breaker_cooldown_s`.")
+    breaker_cooldown_s: float = Field(300.0, ge=0, le=24 * HOUR,
+                                      description="How long a tripped breaker skips the endpoint.")
 
     @model_validator(mode="after")
     def _coherent(self) -> LLMSettings:
