@@ -40,7 +40,7 @@ from optico.gpus import normalize_gpu_name  # noqa: E402
 from optico.launchers.megatron import report  # noqa: E402
 from optico.launchers.proc import ProcessRun  # noqa: E402
 from optico.launchers.megatron.bench import torchrun_command, write_spec  # noqa: E402
-from optico.replay_csv import COLUMNS  # noqa: E402
+from optico.replay_format import COLUMNS  # noqa: E402
 from optico.replay_rows import replay_row  # noqa: E402
 from optico.safe_yaml import load_yaml  # noqa: E402
 from optico.spec import load_spec  # noqa: E402

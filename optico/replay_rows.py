@@ -15,7 +15,7 @@ import json
 from typing import Any, Literal
 
 from optico.knobs import KNOBS
-from optico.replay_csv import COLUMNS, WIDTH_ARGS
+from optico.replay_format import COLUMNS, WIDTH_ARGS
 from optico.strategy import Strategy
 from optico.trial import FailureCategory, Trial, TrialStatus
 from optico.workload import Workload

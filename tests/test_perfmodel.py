@@ -96,7 +96,8 @@ def test_evaluate_scores_rows_with_unknown_cells_only_where_they_agree():
     figure counts only where every plausible value predicts the same (fit) or within 5 % (MFU)."""
     from optico.perfmodel.constants import load_constants
     from optico.perfmodel.evaluate import row_figures
-    from optico.replay_csv import read_replay_csv, variants
+    from optico.replay_csv import read_replay_csv
+    from optico.replay_parse import variants
 
     report = _evaluate(SHARED_DATA / "megatron_readme_h100_scaling.csv")
     fig = report["files"]["megatron_readme_h100_scaling.csv"]

@@ -11,21 +11,10 @@ import pytest
 
 from optico.perfmodel.flops import flops_per_iteration
 from optico.replay_cells import CellError, parse_number
-from optico.replay_csv import (
-    COLUMNS,
-    IMPOSSIBLE,
-    MAX_CELL_CHARS,
-    MAX_TEXT_CELL_CHARS,
-    ReplayDefaults,
-    ReplayError,
-    ReplayRow,
-    matches,
-    measured_mfu,
-    parse_precision,
-    read_replay_csv,
-    read_replay_file,
-    variants,
-)
+from optico.replay_csv import MAX_CELL_CHARS, MAX_TEXT_CELL_CHARS, read_replay_csv, read_replay_file
+from optico.replay_format import COLUMNS, ReplayDefaults, ReplayError, ReplayRow
+from optico.replay_measured import IMPOSSIBLE, matches, measured_mfu
+from optico.replay_parse import parse_precision, variants
 from optico.errors import SpecError
 from optico.spec import load_spec
 from optico.strategy import strategy_from_mapping
@@ -1024,7 +1013,7 @@ def test_headers_as_papers_write_them(header: str, column: str | None) -> None:
 def test_nemo_s_model_names_and_recipe_sources(tmp_path: Path) -> None:
     """'Nemotron-15B' is NeMo's name for Nemotron-4 15B; a NeMo docs URL names the recipes (the check
     was case-sensitive 'NeMo'); a 'Dispatcher' column sets the dispatcher, on MoE rows only."""
-    from optico.replay_csv import preset_by_name
+    from optico.replay_names import preset_by_name
 
     assert preset_by_name("Nemotron-15B").name == "nemotron4-15b"
     assert preset_by_name("Nemotron-340B").name == "nemotron4-340b"

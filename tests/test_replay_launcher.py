@@ -12,7 +12,7 @@ from optico.gpus import GPUS
 from optico.launchers.base import Launcher
 from optico.launchers.replay import TIMED_STEPS, ReplayLauncher
 from optico.perfmodel.flops import flops_per_iteration
-from optico.replay_csv import COLUMNS
+from optico.replay_format import COLUMNS
 from optico.strategy import Strategy
 from optico.trial import FailureCategory, LaunchResult
 from optico.workload import PRESETS, Cluster, Workload
@@ -181,7 +181,8 @@ def test_bench_skips_a_file_without_a_usable_workload(tmp_path: Path, capsys) ->
 def test_a_launcher_on_rows_already_read_answers_as_one_that_reads_the_file(tmp_path: Path) -> None:
     """The benchmark builds one launcher per run from rows read once: the same answers, and the
     file is not read again (it may even be gone)."""
-    from optico.replay_csv import matches, read_replay_csv, replayable
+    from optico.replay_csv import read_replay_csv
+    from optico.replay_measured import matches, replayable
 
     path = Path(write(tmp_path / "t.csv", dict(result="ok", mfu="0.5"), dict(result="oom", tp="4"),
                  dict(result="ok", tp="8", mfu="0.4")))

@@ -179,7 +179,7 @@ def test_presets_have_known_sizes():
 
 def test_published_model_names_find_their_preset():
     """A published row that names its model but gives no dimensions is read from the preset."""
-    from optico.replay_csv import preset_by_name
+    from optico.replay_names import preset_by_name
 
     named = {"Llama-3.2-1B": "llama3.2-1b", "Llama 3.2 3B": "llama3.2-3b", "Nemotron4 15b BF16": "nemotron4-15b",
              "Nemotron-4 340B": "nemotron4-340b", "Llama4 Scout 17B-16E": "llama4-scout",

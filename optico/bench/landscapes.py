@@ -33,7 +33,9 @@ from optico.launchers.replay import ReplayLauncher
 from optico.launchers.sim import TIMED_STEPS, WARMUP_STEPS, SimLauncher
 from optico.perfmodel.constants import Constants, load_constants
 from optico.perfmodel.online import JobModel
-from optico.replay_csv import ReplayRow, matches, matching_preset, measured_mfu
+from optico.replay_format import ReplayRow
+from optico.replay_measured import matches, measured_mfu
+from optico.replay_names import matching_preset
 from optico.search_space import SearchSpace, default_domain
 from optico.spec import Budget, JobSpec, LauncherSpec, ReasonerSpec
 from optico.strategy import Strategy
@@ -641,7 +643,7 @@ def _replayed_row(launcher: ReplayLauncher, w: Workload, s: Strategy) -> ReplayR
 
 def replay_measured(launcher: ReplayLauncher, w: Workload) -> list[Strategy]:
     """The configurations a replay landscape of `w` holds: the launcher's candidates (rows whose
-    numbers a GPU can measure: the reader skips the others, `optico.replay_csv.impossible_measurement`),
+    numbers a GPU can measure: the reader skips the others, `optico.replay_measured.impossible_measurement`),
     less those whose replayed row has no MFU or one below MIN_PLAUSIBLE_MFU (a typo such as 1e-320,
     which would break every ratio)."""
     out = []

@@ -37,7 +37,7 @@ from optico.bench.thirdparty import ThirdPartyDef, thirdparty_defs
 from optico.bench.tuners import make_tuner
 from optico.blas_threads import limit_blas_threads
 from optico.errors import SpecError, first_line
-from optico.replay_csv import ReplayError, ReplayRow
+from optico.replay_format import ReplayError, ReplayRow
 from optico.spec import ReasonerSpec
 from optico.textsafe import terminal_text
 

@@ -226,7 +226,7 @@ def jobs_export(job_id: int = JobIdArgument,
     `optico bench --landscape` or a replay launcher. Each row holds the trial's framework
     fingerprint; runs that say nothing about their configuration (lost, infrastructure) are left out."""
     check_output_path(out, "--out")
-    from optico.replay_csv import COLUMNS
+    from optico.replay_format import COLUMNS
     from optico.replay_rows import spreadsheet_safe, trial_row
 
     store, url = open_store(database, job=job_id)

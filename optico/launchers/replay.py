@@ -14,7 +14,9 @@ from typing import Any
 
 from optico.launchers.base import Launcher, ProgressCallback
 from optico.flops import flops_per_iteration
-from optico.replay_csv import ReplayDefaults, ReplayRow, matches, measured_mfu, read_replay_csv, replayable
+from optico.replay_csv import read_replay_csv
+from optico.replay_format import ReplayDefaults, ReplayRow
+from optico.replay_measured import matches, measured_mfu, replayable
 from optico.strategy import Strategy
 from optico.trial import FailureCategory, LaunchResult, Metrics
 from optico.workload import Workload

@@ -22,7 +22,10 @@ from scipy.optimize import least_squares
 from optico.perfmodel.constants import Constants, load_constants
 from optico.perfmodel.evaluate import Scores, _memory_as_measured, evaluate_files, row_figures, score_rows
 from optico.perfmodel.model import predict
-from optico.replay_csv import ReplayRow, measured_mfu, read_replay_csv, tuned_throughput, variants
+from optico.replay_csv import read_replay_csv
+from optico.replay_format import ReplayRow
+from optico.replay_measured import measured_mfu, tuned_throughput
+from optico.replay_parse import variants
 from optico.strategy import Strategy
 from optico.workload import Workload
 

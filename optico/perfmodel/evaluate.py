@@ -34,8 +34,10 @@ from scipy.stats import spearmanr
 
 from optico.perfmodel.constants import Constants, load_constants
 from optico.perfmodel.model import Prediction, predict
-from optico.replay_csv import (ReplayRow, measured_mfu, read_replay_csv, reason_kind, software, tuned_throughput,
-                               variants)
+from optico.replay_csv import read_replay_csv, reason_kind
+from optico.replay_format import ReplayRow
+from optico.replay_measured import measured_mfu, software, tuned_throughput
+from optico.replay_parse import variants
 
 
 @dataclass

@@ -20,7 +20,10 @@ import yaml
 from optico.candidates import valid_strategies
 from optico.errors import SpecError
 from optico.llm.answers import AnswerError, analysis_answer, failure_answer, generation_answer
-from optico.replay_csv import ReplayError, measured_mfu, read_replay_file, variants
+from optico.replay_csv import read_replay_file
+from optico.replay_format import ReplayError
+from optico.replay_measured import measured_mfu
+from optico.replay_parse import variants
 from optico.spec import parse_spec_text
 from tests.conftest import EXAMPLES, REPO
 
