@@ -106,21 +106,27 @@ def _patch_factories() -> None:
     APPLIED.append("factories: device='cuda'/ordinal -> cpu, pin_memory -> False")
 
 
-def _patch_tensor_methods() -> None:
-    T = torch.Tensor
-    orig_to, orig_type = T.to, T.type
+def _to_cpu(orig_to):
+    """`.to` (Tensor's or Module's: they take the same arguments) with any device given moved to the CPU."""
 
-    # Replaces: tensor.cuda() / tensor.cuda(torch.cuda.current_device()) -> the tensor itself.
-    def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
-        return self
-
-    # Replaces: tensor.to("cuda") / tensor.to(device=torch.cuda.current_device()).
+    @functools.wraps(orig_to)
     def to(self, *args, **kwargs):
         if args and _is_device_like(args[0]):
             args = (_cpu_device(args[0]),) + args[1:]
         if "device" in kwargs:
             kwargs["device"] = _cpu_device(kwargs["device"])
         return orig_to(self, *args, **kwargs)
+
+    return to
+
+
+def _patch_tensor_methods() -> None:
+    T = torch.Tensor
+    orig_type = T.type
+
+    # Replaces: tensor.cuda() / tensor.cuda(torch.cuda.current_device()) -> the tensor itself.
+    def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+        return self
 
     # Replaces: the optimizers' `param.type() == 'torch.cuda.FloatTensor'` checks (optimizer.py,
     # distrib_optimizer.py, clip_grads.py): CPU tensors answer with the CUDA type name, and a
@@ -150,7 +156,7 @@ def _patch_tensor_methods() -> None:
         return new
 
     T.cuda = cuda
-    T.to = to
+    T.to = _to_cpu(T.to)  # tensor.to("cuda") / tensor.to(device=torch.cuda.current_device())
     T.type = type_
     T.pin_memory = pin_memory
     for m in ("new_empty", "new_zeros", "new_ones", "new_full", "new_tensor"):
@@ -160,22 +166,13 @@ def _patch_tensor_methods() -> None:
 
 def _patch_module_methods() -> None:
     M = torch.nn.Module
-    orig_to = M.to
 
     # Replaces: model_chunk.cuda(torch.cuda.current_device()) -> no-op.
     def cuda(self, device=None):
         return self
 
-    # Replaces: module.to("cuda") / module.to(device=...) -> cpu.
-    def to(self, *args, **kwargs):
-        if args and _is_device_like(args[0]):
-            args = (_cpu_device(args[0]),) + args[1:]
-        if "device" in kwargs:
-            kwargs["device"] = _cpu_device(kwargs["device"])
-        return orig_to(self, *args, **kwargs)
-
     M.cuda = cuda
-    M.to = to
+    M.to = _to_cpu(M.to)  # module.to("cuda") / module.to(device=...)
     APPLIED.append("Module.cuda/.to -> cpu")
 
 
