@@ -293,6 +293,10 @@ _HEADER_SYNONYMS: dict[str, tuple[str, ...]] = {
     "dp": ("data_parallel", "data_parallel_size", "dp_size"),
     "gbs": ("global_batch_size", "global_batch", "batch_size", "glob_bs"),
     "mbs": ("micro_batch_size", "micro_batch", "mic_bs"),
+    # Gradient accumulation: micro-batches per step and data-parallel rank (NeMo's and Megatron-Bridge's
+    # 'GA' column); GBS = MBS·DP·GA, so with the others it derives or checks the layout.
+    "ga": ("gradient_accumulation", "gradient_accumulation_steps", "grad_accum", "grad_accumulation",
+           "grad_accum_steps", "grad_acc", "accumulation_steps", "num_microbatches", "num_micro_batches"),
     "precision": ("dtype", "data_type", "fp_format"),
     "distributed_optimizer": ("dist_opt", "distopt", "zero", "zero_stage", "use_distributed_optimizer",
                               "distributed_opt"),

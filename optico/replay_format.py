@@ -32,7 +32,7 @@ WIDTH_ARGS: dict[str, str] = {"kv-channels": "kv_channels", "moe-ffn-hidden-size
 INT_CELLS: tuple[str, ...] = (
     "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "vocab_size",
     "seq_length", "num_experts", "topk", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp", "mbs", "gbs",
-    "etp", "first_pp_layers", "last_pp_layers",
+    "etp", "first_pp_layers", "last_pp_layers", "ga",
 )
 # Counts a table writes as 0 for 'none' (no interleaving, no experts, no GQA): read as unknown. A 0 in
 # any other count (layers, GPUs, TP, batch) is a wrong cell: nothing ran with it.

@@ -19,8 +19,10 @@ Rules that are decisions rather than parsing, in one place:
   sequence length) is kept as unknown with its plausible values; the row is read, and each
   figure it could inform (fit/OOM, memory, MFU) is scored only where those values agree on it
   (`optico.perfmodel.evaluate`). It is never replayed (`ReplayRow.usable` is False).
-- Derived, not guessed: num_gpus = dp·TP·PP·CP when the dp cell is given; mbs =
-  gbs / (DP·GA) when the notes state the gradient accumulation (GA=8); ETP from the notes
+- Derived, not guessed: num_gpus = dp·TP·PP·CP when the dp cell is given; from the gradient
+  accumulation (a GA column, or GA=8 in the notes), num_gpus = gbs / (MBS·GA)·TP·PP·CP or
+  mbs = gbs / (DP·GA), whichever the row leaves out (a GA the other cells contradict is said in
+  `inferred` and not used: the figures rest on the batch and layout, not on it); ETP from the notes
   ("ETP=4"); the architecture from a preset (`optico.workload.PRESETS`) whose name the model
   name contains when the row gives no dimensions (MLA and hybrid models need one: their
   ranks and layer patterns are no column); when the layers do not divide by PP, the split
@@ -526,23 +528,31 @@ def _cluster(gpu_key: str, num_gpus: int) -> Cluster:
 
 
 def _world_and_batch(p: _Parse, ints: dict[str, int | None], s: Strategy) -> tuple[int, int, int]:
-    """(num_gpus, gbs, mbs): read, derived (dp cell, GA in the notes), or unknown with plausible values."""
+    """(num_gpus, gbs, mbs): read, derived (dp cell, gradient accumulation), or unknown with plausible
+    values. Gradient accumulation (a GA column, or GA=8 in the notes) derives what is missing of
+    GBS = MBS·DP·GA (Megatron runs no other layout); when nothing is missing, a GA that disagrees is said."""
     mp = s.model_parallel_size
-    world = ints["num_gpus"]
+    world, gbs, mbs = ints["num_gpus"], ints["gbs"], ints["mbs"]
+    ga = ints["ga"] or _note_int(p.text("notes"), "GA")
     if world is None and ints["dp"]:
         world = ints["dp"] * mp
         p.inferred.append(f"num_gpus = dp·TP·PP·CP = {world}")
+    if world is None and gbs and mbs and ga and gbs % (mbs * ga) == 0:
+        world = gbs // (mbs * ga) * mp
+        p.inferred.append(f"num_gpus = gbs / (MBS·GA)·TP·PP·CP = {world}")
     if world is None:
         choices = [mp * k for k in UNKNOWN_DOMAINS["dp"]]
         p.unknown["num_gpus"] = choices
         world = choices[0]
     dp = max(1, world // mp)
-    gbs, mbs = ints["gbs"], ints["mbs"]
-    if mbs is None and gbs and _note_int(p.text("notes"), "GA"):
-        ga = _note_int(p.text("notes"), "GA")
+    if mbs is None and gbs and ga:
         if gbs % (dp * ga) == 0 and "num_gpus" not in p.unknown:
             mbs = gbs // (dp * ga)
             p.inferred.append(f"mbs = gbs / (DP·GA) = {mbs}")
+    elif gbs and mbs and ga and "num_gpus" not in p.unknown and world % mp == 0 and gbs != mbs * dp * ga:
+        # Published tables have such rows (Megatron-Bridge's, 5 of 200): the redundant cell is the
+        # suspect one, not the layout and batch the figures rest on, so the row is read and says so.
+        p.inferred.append(f"GA disagrees, not used: gbs {gbs} but MBS·DP·GA = {mbs}·{dp}·{ga} = {mbs * dp * ga}")
     if mbs is None:
         p.unknown["mbs"] = list(UNKNOWN_DOMAINS["mbs"])
         mbs = UNKNOWN_DOMAINS["mbs"][0]

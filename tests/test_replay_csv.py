@@ -574,6 +574,26 @@ def test_presets_by_name_and_notes(tmp_path: Path) -> None:
     assert grok.read and grok.strategy.etp == 4 and grok.workload.model.name == "grok-1"
 
 
+def test_a_gradient_accumulation_column_derives_what_is_missing_and_is_checked(tmp_path: Path) -> None:
+    """GBS = MBS·DP·GA (NeMo's and Megatron-Bridge's 'GA' column): the GPUs or the micro-batch a row
+    leaves out are derived from it; a GA the other cells contradict is said and not used."""
+    columns = (*COLUMNS, "GA")
+    gpus = read_replay_csv(write_csv(tmp_path / "g.csv", {**LLAMA3_8B, "num_gpus": "", "GA": "8"}, columns=columns))[0]
+    assert gpus.usable and gpus.workload.world_size == 32  # 128 / (1·8) = 16 ranks of DP, times TP 2
+    assert any("num_gpus = gbs / (MBS·GA)" in x for x in gpus.inferred)
+    mbs = read_replay_csv(write_csv(tmp_path / "m.csv", {**LLAMA3_8B, "mbs": "", "GA": "16"}, columns=columns))[0]
+    assert mbs.usable and mbs.strategy.mbs == 2  # 128 / (DP 4 · GA 16)
+    wrong = read_replay_csv(write_csv(tmp_path / "w.csv", {**LLAMA3_8B, "GA": "3"}, columns=columns))[0]
+    assert wrong.usable and wrong.strategy.mbs == 1 and wrong.workload.world_size == 8
+    assert any(x.startswith("GA disagrees, not used: gbs 128 but MBS·DP·GA = 1·4·3") for x in wrong.inferred)
+    agrees = read_replay_csv(write_csv(tmp_path / "a.csv", {**LLAMA3_8B, "GA": "32"}, columns=columns))[0]
+    assert agrees.usable and not any("GA" in x for x in agrees.inferred)
+    for header in ("Gradient Accumulation Steps", "grad_accum", "num_microbatches"):
+        spelled = read_replay_file(write_csv(tmp_path / "s.csv", {**LLAMA3_8B, "num_gpus": "", header: "8"},
+                                             columns=(*COLUMNS, header)))
+        assert spelled[0][0].workload.world_size == 32 and header not in spelled[1].ignored_columns, header
+
+
 def test_uneven_split_is_inferred(tmp_path: Path) -> None:
     row = one(tmp_path, model="x-30", num_layers="30", vocab_size="50257", pp="4", gbs="128", num_gpus="8",
               tp="2")
