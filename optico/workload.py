@@ -252,10 +252,17 @@ PRESETS: dict[str, ModelArch] = {
         _llama("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064),
         # Megatron's GPT-3 family: GeLU MLP of 4h, multi-head attention, GPT-2 vocabulary.
         _llama("gpt3-7b", 32, 4096, 32, None, 16384, 50257, swiglu=False),
+        # NeMo's GPTConfig5B / GPTConfig20B (its performance tables' 'GPT3-5B', 'GPT3-20B'): tied, as GPTConfig is.
+        _llama("gpt3-5b", 24, 4096, 32, None, 16384, 50257, swiglu=False, untie_embeddings_and_output_weights=False),
+        _llama("gpt3-20b", 44, 6144, 48, None, 24576, 50257, swiglu=False, untie_embeddings_and_output_weights=False),
         _llama("gpt3-175b", 96, 12288, 96, None, 49152, 50257, swiglu=False),
         # Nemotron-4 (NeMo Nemotron4Config15B / 340B): squared-ReLU MLP, GQA 8 groups, untied, 256k
         # vocabulary; its partial rotary embedding and LayerNorm are not modelled (neither moves time).
         _llama("nemotron4-15b", 32, 6144, 48, 8, 24576, 256000, swiglu=False),
+        # Nemotron-3 (NeMo Nemotron3Config8B / 22B; the tables' 'Nemotron-8B', 'Nemotron-22B'): the same MLP
+        # and vocabulary, multi-head attention.
+        _llama("nemotron3-8b", 32, 4096, 32, None, 16384, 256000, swiglu=False),
+        _llama("nemotron3-22b", 40, 6144, 48, None, 24576, 256000, swiglu=False),
         _llama("nemotron4-340b", 96, 18432, 96, 8, 73728, 256000, swiglu=False),
         # Qwen3-30B-A3B: 128 experts, top-8, head dim 128 (not hidden/heads).
         _llama("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, kv_channels=128,

@@ -594,6 +594,25 @@ def test_a_gradient_accumulation_column_derives_what_is_missing_and_is_checked(t
         assert spelled[0][0].workload.world_size == 32 and header not in spelled[1].ignored_columns, header
 
 
+def test_a_nemo_performance_table_as_published_reads_by_its_model_names(tmp_path: Path) -> None:
+    """A table laid out as NeMo's performance summary prints it (its columns; the figures here are
+    placeholders): model names, no dimensions, a GA column. Each name finds its preset (NeMo's own
+    configurations), and the row reads as the transcription with dimensions in the shipped table does."""
+    raw = tmp_path / "nemo.csv"
+    raw.write_text("Model,#-GPUs,GBS,MBS,Sequence Length,TP,PP,CP,VP,EP,GA,Tokens / sec / GPU,GPU,Precision\n"
+                   "GPT3-5B,64,2048,4,2048,1,1,1,1,1,8,23574,H100,FP8\n"
+                   "GPT3-20B,64,256,2,2048,2,1,1,1,1,4,5528,H100,FP8\n"
+                   "Nemotron-8B,64,256,4,4096,2,1,1,1,1,2,11753,H100,FP8\n"
+                   "Nemotron-22B,64,256,2,4096,2,4,1,10,1,16,4113,H100,FP8\n")
+    rows = read_replay_csv(raw)
+    assert all(r.usable and not any("GA disagrees" in x for x in r.inferred) for r in rows), rows
+    assert [r.workload.model.name for r in rows] == ["gpt3-5b", "gpt3-20b", "nemotron3-8b", "nemotron3-22b"]
+    transcribed = {r.model_name: r.workload.model for r in shared("nemo_2407_perf_summary_h100.csv") if r.read}
+    for row in rows:
+        mine, theirs = row.workload.model, transcribed[row.model_name]
+        assert mine.model_dump(exclude={"name"}) == theirs.model_dump(exclude={"name"}), row.model_name
+
+
 def test_uneven_split_is_inferred(tmp_path: Path) -> None:
     row = one(tmp_path, model="x-30", num_layers="30", vocab_size="50257", pp="4", gbs="128", num_gpus="8",
               tp="2")
