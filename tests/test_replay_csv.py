@@ -482,6 +482,8 @@ HEADER = ("Model,Layers,Hidden,Heads,KV Heads,FFN,Vocab,Seq Len,GPU Type,GPUs,TP
     ("Throughput (TFLOP/s/GPU)", "180", "tflops_per_gpu", 180.0),
     ("Throughput (tokens/s/GPU)", "\"3,900\"", "tokens_per_s_per_gpu", 3900.0),
     ("Tokens / sec / GPU", "3.9k", "tokens_per_s_per_gpu", 3900.0),
+    ("Percentage of theoretical peak FLOP/s", "41%", "mfu", 0.41),  # Megatron-LM's README table
+    ("Percentage of theoretical peak FLOP/s", "41", "mfu", 0.41),
 ])
 def test_measurements_under_the_headers_and_units_tables_use(tmp_path: Path, header: str, cell: str, field: str,
                                                              value: float) -> None:
@@ -1041,6 +1043,8 @@ def test_a_unit_or_a_scale_after_a_decimal_is_still_read() -> None:
     ("NHEADS", "num_attention_heads"), ("NHIDDEN", "hidden_size"), ("Sec/it", "step_time_s"), ("Glob-BS", "gbs"),
     ("Number of parameters (billion)", None), ("Total tokens", None), ("Avg step time (s)", "step_time_s"),
     ("Average memory (GB)", None), ("Total memory (GB)", None),  # no peak: a mean, the GPU's capacity
+    ("Percentage of theoretical peak FLOP/s", "mfu"), ("Vocabulary size", "vocab_size"),  # Megatron-LM's README
+    ("Achieved aggregate petaFLOP/s", None), ("GA", "ga"), ("Gradient accumulation steps", "ga"),
 ])
 def test_headers_as_papers_write_them(header: str, column: str | None) -> None:
     """Megatron-LM's READMEs, the SC21 paper and NeMo's tables spell these so; each was ignored."""
