@@ -272,7 +272,10 @@ def post(url: str, payload: dict[str, Any], *, timeout_s: float = TIMEOUT_S) -> 
     except urllib.error.HTTPError as exc:
         return int(exc.code)
     except Exception as exc:  # noqa: BLE001 - a notification must never break a tick
-        if deadline.expired.is_set() or isinstance(exc, TimeoutError):
+        # urllib wraps a connect's timeout in URLError, and the limit can pass a moment before the
+        # deadline's timer thread says so: either way the exchange ran out of time.
+        if deadline.expired.is_set() or deadline.remaining() <= 0 \
+                or isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
             return f"timed out: no whole answer within {timeout_s:g} s"
         return redact.clip(f"{type(exc).__name__}: {exc}", 300)
     finally:

@@ -227,3 +227,20 @@ def test_connecting_to_several_silent_addresses_takes_the_timeout_once(monkeypat
     held.close()
     listener.close()
     assert took < 2.0 and answer == "timed out: no whole answer within 1 s", (took, answer)
+
+
+def test_the_limit_reached_before_the_timer_fires_is_still_a_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limit can pass a moment before the deadline's timer thread marks it (a loaded machine):
+    the next connect gives up, urllib wraps that in a URLError, and the answer must still say it
+    timed out (CI saw 'URLError: ... no connection ... in time')."""
+    from optico.retune import webhook
+
+    monkeypatch.setenv("OPTICO_WEBHOOK_ALLOW_LOCAL", "true")
+    monkeypatch.setattr(webhook._Deadline, "start", lambda self: None)  # the timer never fires
+    monkeypatch.setattr(webhook, "_checked_addresses", lambda url, deadline: ["127.0.0.1"])  # looked up in time
+    monkeypatch.setattr(webhook._Deadline, "remaining", lambda self: 0.0)  # then the limit passes
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        answer = webhook.post(f"http://127.0.0.1:{listener.getsockname()[1]}/hook", {"x": 1}, timeout_s=1.0)
+    assert answer == "timed out: no whole answer within 1 s", answer
