@@ -230,8 +230,9 @@ def _attention_backend(args: dict[str, str] | None) -> AttentionBackend:
 
 
 def _note_int(notes: str, name: str) -> int | None:
-    """'ETP=4; GA=8' -> 4 for ETP."""
-    found = re.search(rf"\b{name}\s*=\s*(\d+)\b", notes)
+    """'ETP=4; GA=8' -> 4 for ETP; 'GA (grad accumulation) = 16' -> 16 for GA. The first statement wins:
+    the transcriber's own comes before a quoted source row, whose 'GA=1 (16)' is its first run's."""
+    found = re.search(rf"\b{name}(?:[ \t]*\([^()]{{0,40}}\))?[ \t]*=[ \t]*(\d+)\b", notes)
     return int(found.group(1)) if found else None
 
 
@@ -550,7 +551,7 @@ def _world_and_batch(p: _Parse, ints: dict[str, int | None], s: Strategy) -> tup
             mbs = gbs // (dp * ga)
             p.inferred.append(f"mbs = gbs / (DP·GA) = {mbs}")
     elif gbs and mbs and ga and "num_gpus" not in p.unknown and world % mp == 0 and gbs != mbs * dp * ga:
-        # Published tables have such rows (Megatron-Bridge's, 5 of 200): the redundant cell is the
+        # Published tables have such rows (Megatron-Bridge's, 3 of 200): the redundant cell is the
         # suspect one, not the layout and batch the figures rest on, so the row is read and says so.
         p.inferred.append(f"GA disagrees, not used: gbs {gbs} but MBS·DP·GA = {mbs}·{dp}·{ga} = {mbs * dp * ga}")
     if mbs is None:

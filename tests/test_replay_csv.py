@@ -590,6 +590,9 @@ def test_a_gradient_accumulation_column_derives_what_is_missing_and_is_checked(t
     assert any(x.startswith("GA disagrees, not used: gbs 128 but MBS·DP·GA = 1·4·3") for x in wrong.inferred)
     agrees = read_replay_csv(write_csv(tmp_path / "a.csv", {**LLAMA3_8B, "GA": "32"}, columns=columns))[0]
     assert agrees.usable and not any("GA" in x for x in agrees.inferred)
+    # Notes: the transcriber's statement, before a quoted source row whose 'GA=1 (16)' is its first run's.
+    noted = one(tmp_path, mbs="", notes="GA (grad accumulation) = 16; source row: TP=1 (2) | GA=1 (16)")
+    assert noted.strategy.mbs == 2 and "mbs = gbs / (DP·GA) = 2" in noted.inferred
     for header in ("Gradient Accumulation Steps", "grad_accum", "num_microbatches"):
         spelled = read_replay_file(write_csv(tmp_path / "s.csv", {**LLAMA3_8B, "num_gpus": "", header: "8"},
                                              columns=(*COLUMNS, header)))
