@@ -284,7 +284,8 @@ _HEADER_SYNONYMS: dict[str, tuple[str, ...]] = {
     "num_query_groups": ("query_groups", "kv_heads", "num_kv_heads", "num_key_value_heads", "gqa_groups", "groups"),
     "ffn_hidden_size": ("ffn", "ffn_size", "intermediate_size", "mlp_hidden_size", "ffn_dim"),
     "vocab_size": ("vocab", "vocabulary", "vocabulary_size", "padded_vocab_size"),
-    "seq_length": ("seq_len", "sequence_length", "seqlen", "seq", "context_length"),
+    # NeMo's fine-tuning tables give the length of the packed samples ("Packed Sequence Length").
+    "seq_length": ("seq_len", "sequence_length", "seqlen", "seq", "context_length", "packed_sequence_length"),
     "num_experts": ("experts", "n_experts", "num_moe_experts", "moe_experts"),
     "topk": ("top_k", "moe_topk", "moe_router_topk", "router_topk"),
     "gpu": ("gpu_type", "accelerator", "device", "hardware", "system"),

@@ -1048,6 +1048,7 @@ def test_a_unit_or_a_scale_after_a_decimal_is_still_read() -> None:
     ("Average memory (GB)", None), ("Total memory (GB)", None),  # no peak: a mean, the GPU's capacity
     ("Percentage of theoretical peak FLOP/s", "mfu"), ("Vocabulary size", "vocab_size"),  # Megatron-LM's README
     ("Achieved aggregate petaFLOP/s", None), ("GA", "ga"), ("Gradient accumulation steps", "ga"),
+    ("Packed Sequence Length", "seq_length"), ("Task", None),  # NeMo's fine-tuning table
 ])
 def test_headers_as_papers_write_them(header: str, column: str | None) -> None:
     """Megatron-LM's READMEs, the SC21 paper and NeMo's tables spell these so; each was ignored."""
