@@ -159,17 +159,6 @@ def parse_precision(text: str, default: Precision) -> Precision | None:
     return default if value is UNKNOWN else value
 
 
-def parse_recompute(text: str, default: str) -> tuple[str | None, str | None, int | None] | None:
-    """(granularity, method, num_layers); `default` for an empty cell; None when unreadable."""
-    try:
-        value = _parse_recompute_cell(text)
-        if value is UNKNOWN:
-            value = _parse_recompute_cell(default)
-    except CellError:
-        return None
-    return None if value[0] == "offload" else value
-
-
 def _megatron_args(notes: str) -> dict[str, str] | None:
     """The 'args: name=value, ...' list some notes carry (the run's non-default Megatron-LM
     arguments); None when the notes carry none."""
