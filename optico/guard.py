@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from optico.fingerprint import describe, framework_of, split_by_framework
-from optico.knobs import BY_NAME, KNOBS
+from optico.knobs import KNOBS
 from optico.parallel import ParallelDims
 from optico.perfmodel.online import JobModel
 from optico.rules import violations
@@ -21,12 +21,6 @@ from optico.search_space import SearchSpace
 from optico.strategy import Strategy
 from optico.trial import FailureCategory, Trial, TrialStatus
 from optico.workload import Workload
-
-
-def recompute_level(s: Strategy) -> float:
-    """Memory saved by recompute, as an order: none < selective < full block (more layers saves
-    more) < full uniform."""
-    return BY_NAME["recompute_granularity"].memory_order(s)
 
 
 @dataclass(frozen=True)
@@ -69,12 +63,12 @@ def _same_layout(a: Strategy, b: Strategy) -> bool:
     return _layout_key(a) == _layout_key(b)
 
 
-def needs_at_least_as_much_memory(candidate: Strategy, oom: Strategy) -> bool:
-    """True when `candidate` keeps `oom`'s parallel layout and saves no memory anywhere (by every
-    knob's memory order in the registry: micro-batch, recompute, SP, distributed optimizer, ...)."""
+def needs_at_least_as_much_memory(candidate: Strategy, oom: Strategy, w: Workload) -> bool:
+    """True when `candidate` keeps `oom`'s parallel layout and saves no memory anywhere on `w` (by
+    every knob's memory order in the registry: micro-batch, recompute, SP, distributed optimizer, ...)."""
     if not _same_layout(candidate, oom):
         return False
-    return all(order(candidate) <= order(oom) for order in _MEMORY_ORDERS)
+    return all(order(candidate, w) <= order(oom, w) for order in _MEMORY_ORDERS)
 
 
 def _refuses_a_setting(failed: Trial) -> bool:
@@ -237,7 +231,7 @@ class Guard:
             # Both OOM rules below are about the OOM's own layout: one comparison rules most candidates out.
             if f.oom_layout is not None and f.launch != launch \
                     and f.oom_layout == (layout := layout or _layout_key(s)):
-                if needs_at_least_as_much_memory(s, t.strategy):
+                if needs_at_least_as_much_memory(s, t.strategy, self.workload):
                     return Verdict(False, "implied-oom", f"needs at least the memory of {t.strategy.short()}, "
                                                          f"which ran out of memory")
                 saving = self._saving(s, t.strategy)

@@ -12,7 +12,7 @@ project needs to know about it, in one place:
   them by resetting the knob;
 - its effect on the performance model: prose for prompts and docs, and `terms` — the
   `TimeBreakdown` / `MemoryBreakdown` fields it moves (a test checks it moves them);
-- `memory_order`: a key that grows as the knob saves memory (the guard's OOM implication).
+- `memory_order`: a key that grows as the knob saves memory on a workload (the guard's OOM implication).
 
 Adding a knob: one entry here (and, if it touches the model, the term in `optico/perfmodel/`,
 and the regenerated table in docs/spec.md). `Strategy`, the rules, the search space, repairs,
@@ -89,7 +89,7 @@ class Knob:
     probe: tuple[dict[str, Any], Any] | None = None  # (context, value) where the effect shows; see tests
     domain: Callable[["Workload"], list[Any]] | None = None
     similarity: float = 0.2  # weight of a difference in this knob when comparing strategies
-    memory_order: Callable[["Strategy"], float] | None = None
+    memory_order: Callable[["Strategy", "Workload"], float] | None = None
     # The value Megatron's published recipes set (NeMo, Megatron-Bridge): where a default search space
     # is too large, `optico.search_space.TRIM_ORDER` fixes the knob here. None = not a recipe flag.
     recipe: Any = None
@@ -205,12 +205,19 @@ def _moe_bools(w: "Workload") -> list[bool]:
     return [False, True] if w.model.is_moe else [False]
 
 
-def _recompute_level(s: "Strategy") -> float:
+def recompute_level(s: "Strategy") -> float:
     """Memory saved by recompute, as an order: none < selective < full block (more layers saves
     more) < full uniform."""
     if s.recompute_granularity == "full":
         return 3.0 if s.recompute_method == "uniform" else 2.0 + (s.recompute_num_layers or 1) / 1000
     return 1.0 if s.recompute_granularity == "selective" else 0.0
+
+
+def _cross_entropy_fusion_saving(s: "Strategy", w: "Workload") -> float:
+    """The fusion saves logits memory with Transformer Engine's kernel and costs a float32 copy of
+    them with megatron-core's native one (`perfmodel.memory.logits_bytes_per_element`)."""
+    fused = float(s.cross_entropy_loss_fusion)
+    return fused if w.cross_entropy_fusion_impl == "te" else -fused
 
 
 # -- couplings shared by several knobs ------------------------------------------------------------
@@ -272,14 +279,14 @@ KNOBS: tuple[Knob, ...] = (
          "Sequences per micro-batch on each data-parallel rank.",
          flags=("--micro-batch-size",), render="always", aliases=("mbs",), csv="mbs", tunable=True,
          domain=lambda w: [b for b in (1, 2, 4, 8) if b <= w.global_batch_size], similarity=0.7,
-         memory_order=lambda s: -float(s.micro_batch_size),
+         memory_order=lambda s, w: -float(s.micro_batch_size),
          effect="larger GEMMs (higher efficiency) and fewer pipeline steps; activations grow with it",
          terms=("activations_gib",), probe=({}, 2)),
     Knob("sequence_parallel", "SEQUENCE_PARALLEL", bool, False,
          "Sequence parallelism: norms, dropout and residuals split along the sequence over the TP group.",
          flags=("--sequence-parallel",), render="switch", aliases=("sp",), csv="sequence_parallel",
          tunable=True, domain=_bools, similarity=0.5, mcore=("transformer", "sequence_parallel"),
-         memory_order=lambda s: float(s.sequence_parallel),
+         memory_order=lambda s, w: float(s.sequence_parallel),
          requires=(Requires(lambda s, w: s.tensor_model_parallel_size > 1, "sequence parallelism needs TP > 1 (TP is {s.tp})",
                             ("tensor_model_parallel_size",), _P),
                    Requires(lambda s, w: (w.seq_length // s.context_parallel_size) % s.tensor_model_parallel_size
@@ -293,7 +300,7 @@ KNOBS: tuple[Knob, ...] = (
          flags=("--recompute-granularity", "--recompute-activations"), aliases=("recompute",), csv="recompute",
          value_names={None: "none"},
          tunable=True, domain=lambda w: [None, "selective", "full"], similarity=0.7,
-         mcore=("transformer", "recompute_granularity"), memory_order=_recompute_level,
+         mcore=("transformer", "recompute_granularity"), memory_order=lambda s, w: recompute_level(s),
          effect="drops stored activations and runs their forward again in backward",
          terms=("recompute_s", "activations_gib"), probe=({}, "full")),
     Knob("recompute_method", "AC_METHOD", Literal["uniform", "block"] | None, None,
@@ -313,7 +320,7 @@ KNOBS: tuple[Knob, ...] = (
          "The distributed optimizer: Adam state and fp32 master weights sharded over data parallel ranks (ZeRO-1).",
          flags=("--use-distributed-optimizer",), render="switch", aliases=("distributed_optimizer",),
          csv="distributed_optimizer", tunable=True, recipe=True, domain=_bools, similarity=0.5,
-         mcore=("ddp", "use_distributed_optimizer"), memory_order=lambda s: float(s.use_distributed_optimizer),
+         mcore=("ddp", "use_distributed_optimizer"), memory_order=lambda s, w: float(s.use_distributed_optimizer),
          effect="optimizer state / DP; gradients reduce-scattered and parameters all-gathered",
          terms=("optimizer_gib",), probe=({}, True)),
     Knob("overlap_grad_reduce", "OVERLAP_GRAD_REDUCE", bool, False,
@@ -344,8 +351,10 @@ KNOBS: tuple[Knob, ...] = (
          "Fused cross-entropy loss: fewer copies of the logits at the loss.",
          flags=("--cross-entropy-loss-fusion",), render="switch", tunable=True, recipe=True, domain=_bools,
          mcore=("transformer", "cross_entropy_loss_fusion"),
-         memory_order=lambda s: float(s.cross_entropy_loss_fusion),
-         effect="less logits memory and loss time on the last stage", terms=("logits_gib",), probe=({}, True)),
+         memory_order=_cross_entropy_fusion_saving,
+         effect="less loss time on the last stage, and less logits memory with Transformer Engine's kernel "
+                "(cross_entropy_fusion_impl te); megatron-core's native kernel holds one more float32 copy",
+         terms=("logits_gib",), probe=({}, True)),
     Knob("decoder_first_pipeline_num_layers", "FIRST_PP_NUM_LAYERS", PositiveInt | None, None,
          "Layers on the first pipeline stage (uneven pipeline); None = an even split.",
          flags=("--decoder-first-pipeline-num-layers",), csv="first_pp_layers", layout=True,
@@ -451,7 +460,7 @@ KNOBS: tuple[Knob, ...] = (
          "Activation offloading: the activations of this many layers go to host memory during the forward "
          "pass and come back for the backward (the paper's AC=offload). 0 = off.",
          flags=("--cpu-offloading-num-layers",), aliases=("offload_layers",), since=2, te_only=True,
-         domain=lambda w: [0], memory_order=lambda s: float(s.cpu_offloading_num_layers),
+         domain=lambda w: [0], memory_order=lambda s, w: float(s.cpu_offloading_num_layers),
          requires=(Requires(lambda s, w: s.cpu_offloading_num_layers < w.model.num_layers,
                             "activation offloading needs fewer offloaded layers ({s.cpu_offloading_num_layers}) than num_layers ({w.model.num_layers})", (), _P),
                    Requires(lambda s, w: s.pipeline_model_parallel_size == 1,

@@ -135,7 +135,7 @@ from optico.replay_names import (
 )
 from optico.rules import violations
 from optico.strategy import Strategy
-from optico.workload import AttentionBackend, Cluster, ModelArch, Workload
+from optico.workload import AttentionBackend, Cluster, CrossEntropyFusionImpl, ModelArch, Workload
 
 # GPUs whose "node" is an NVL72 rack (see the module docstring).
 NVL72_GPUS = frozenset({"gb200", "gb300"})
@@ -216,6 +216,13 @@ def _attention_backend(args: dict[str, str] | None) -> AttentionBackend:
         return "local"
     backend = args.get("attention-backend", "auto")
     return backend if backend in get_args(AttentionBackend) else "auto"
+
+
+def _cross_entropy_fusion_impl(args: dict[str, str] | None) -> CrossEntropyFusionImpl:
+    """The fused cross entropy's kernel as the run's arguments state it ('native', megatron-core's
+    default, if not)."""
+    impl = (args or {}).get("cross-entropy-fusion-impl", "native")
+    return impl if impl in get_args(CrossEntropyFusionImpl) else "native"
 
 
 def _note_int(notes: str, name: str) -> int | None:
@@ -629,7 +636,8 @@ def parse_row(cells: dict[str, str], file: str, line: int, defaults: ReplayDefau
                 recipe = defaults.recipe_flags and _from_recipe(source)
                 workload = Workload(model=model, seq_length=seq, global_batch_size=gbs, precision=precision,
                                     cluster=_cluster(gpu_key, world), grad_reduce_in_fp32=False if recipe else None,
-                                    attention_backend=_attention_backend(args))
+                                    attention_backend=_attention_backend(args),
+                                    cross_entropy_fusion_impl=_cross_entropy_fusion_impl(args))
                 strategy = _uneven(p, workload, strategy)
     except (ValidationError, ValueError) as err:
         p.problems.append(f"inconsistent architecture or layout: {_first_error(err)}")

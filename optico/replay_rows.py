@@ -5,8 +5,9 @@ job's trials (`optico jobs export`). A row must read back as the workload and st
 so what the columns cannot say goes into the notes' `args:` list, as Megatron-LM arguments:
 the head dimension and the expert widths, untied embeddings (a reader otherwise takes Megatron-LM's
 default, tied), the gated MLP (a reader otherwise guesses it from the widths: Llama-3.2-1B's FFN is
-4 x hidden, GPT-3's width) and every knob without a column (fused cross entropy, the partial-recompute
-method and layer count, the overlaps, ...).
+4 x hidden, GPT-3's width), the fused cross entropy's kernel when it is not megatron-core's default,
+and every knob without a column (fused cross entropy, the partial-recompute method and layer count,
+the overlaps, ...).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def megatron_args(w: Workload, s: Strategy) -> str:
     m = w.model
     args = [f"untie-embeddings-and-output-weights={m.untie_embeddings_and_output_weights}", f"swiglu={m.swiglu}"]
     args += [f"{flag}={value}" for flag, key in WIDTH_ARGS.items() if (value := getattr(m, key)) is not None]
+    if w.cross_entropy_fusion_impl != Workload.model_fields["cross_entropy_fusion_impl"].default:
+        args.append(f"cross-entropy-fusion-impl={w.cross_entropy_fusion_impl}")
     for k in KNOBS:
         value = getattr(s, k.name)
         if k.csv in COLUMNS or not k.flags or value == k.default:

@@ -9,6 +9,7 @@ reason), the failures with their diagnoses, GPU-hours spent and saved. `report_m
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from optico.agents.fallback import decided_by, llm_usage
@@ -70,7 +71,7 @@ def job_result(store: Store, job_id: int) -> dict[str, Any]:
             "strategy": best.strategy.model_dump(mode="json"),
             "mfu": best.metrics.mfu,
             "tflops_per_gpu": best.metrics.tflops_per_gpu,
-            "megatron_args": best.strategy.megatron_args(),
+            "megatron_args": best.strategy.run_args(job.spec.workload),
         },
         "reasoner": {**job.spec.reasoner.model_dump(mode="json"), "llm": llm_usage(messages)},
         "gpu_hours": sum(t.gpu_seconds for t in trials) / 3600,
@@ -126,10 +127,11 @@ def flag_changes(before: Strategy | None, after: Strategy) -> list[str]:
     return lines + [f"− {g}" for g in removed.values()]
 
 
-def launch_script(job_name: str, workload_text: str, strategy: Strategy, *, global_batch_size: int,
+def launch_script(job_name: str, workload_text: str, args: Sequence[str], *, global_batch_size: int,
                   seq_length: int, gpus_per_node: int, nodes: int, note: str = "") -> str:
-    """A torchrun snippet for the user's own Megatron-LM training with the tuned flags."""
-    flags = flag_groups(strategy.megatron_args())
+    """A torchrun snippet for the user's own Megatron-LM training with the tuned flags (`args`,
+    `Strategy.run_args`)."""
+    flags = flag_groups(list(args))
     lines = [
         "#!/usr/bin/env bash",
         f"# OptiCo: {terminal_text(job_name, one_line=True)} — {workload_text}",  # a comment line: nothing can end it
@@ -191,7 +193,7 @@ def job_report(store: Store, job_id: int, *, tokens: float | None = None) -> dic
     script = None
     if best:
         cluster = workload.cluster
-        script = launch_script(job.name, workload.describe(), best.strategy,
+        script = launch_script(job.name, workload.describe(), best.strategy.run_args(workload),
                                global_batch_size=workload.global_batch_size, seq_length=workload.seq_length,
                                gpus_per_node=cluster.gpus_per_node, nodes=cluster.nodes_used,
                                note=f"best of job {job.id}, trial {best.index}: MFU {best.metrics.mfu:.1%}")
@@ -204,7 +206,7 @@ def job_report(store: Store, job_id: int, *, tokens: float | None = None) -> dic
         "best": None if best is None else {
             "trial": best.index, "mfu": best.metrics.mfu, "tflops_per_gpu": best.metrics.tflops_per_gpu,
             "tokens_per_s_per_gpu": best.metrics.tokens_per_s_per_gpu, "strategy": best.strategy.short(),
-            "megatron_args": best.strategy.megatron_args(), "flags": flag_groups(best.strategy.megatron_args())},
+            "megatron_args": best.strategy.run_args(workload), "flags": flag_groups(best.strategy.run_args(workload))},
         "improvement_over_baseline": improvement,
         "path": path,
         "failures": failures,

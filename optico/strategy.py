@@ -12,11 +12,14 @@ import hashlib
 import json
 import operator
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from optico.knobs import ALIASES, BY_NAME, KNOBS, PAPER_NAMES, RETIRED, SIGNATURE_BASE_VERSION, Knob, canonical_name
+
+if TYPE_CHECKING:
+    from optico.workload import Workload
 
 __all__ = ["Strategy", "FIELDS", "ALIASES", "PAPER_NAMES", "FULL_RECOMPUTE_DETAILS", "canonical_field",
            "strategy_from_mapping", "check_value", "display_value"]
@@ -190,6 +193,14 @@ class _StrategyBase(BaseModel):
         args: list[str] = []
         for k in KNOBS:
             args += k.args(self)  # type: ignore[arg-type]
+        return args
+
+    def run_args(self, w: "Workload") -> list[str]:
+        """The flags that reproduce this configuration on `w`: `megatron_args`, and the fused cross
+        entropy's kernel where it is not Megatron-LM's default (the fusion's memory depends on it)."""
+        args = self.megatron_args()
+        if self.cross_entropy_loss_fusion and w.cross_entropy_fusion_impl != "native":
+            args += ["--cross-entropy-fusion-impl", w.cross_entropy_fusion_impl]
         return args
 
     def short(self) -> str:

@@ -23,6 +23,7 @@ def positive_up_to(high: int) -> Any:
 Mixer = Literal["attention", "mla", "mamba"]
 Mlp = Literal["dense", "moe"]
 AttentionBackend = Literal["auto", "flash", "fused", "unfused", "local"]
+CrossEntropyFusionImpl = Literal["native", "te"]
 LayerKind = tuple["Mixer | None", "Mlp | None"]
 _HYBRID = {"M": ("mamba", None), "*": ("attention", None), "-": (None, "dense"), "E": (None, "moe")}
 # Fields added after the first workload-key schema: left out of `Workload.key` at their default, so
@@ -389,6 +390,11 @@ class Workload(BaseModel):
     attention_backend: AttentionBackend = Field(
         "auto", description="Megatron-LM's --attention-backend; 'local' also stands for --transformer-impl local. "
                             "'unfused' and 'local' keep the s² attention scores in memory; the others do not.")
+    cross_entropy_fusion_impl: CrossEntropyFusionImpl = Field(
+        "native", description="Megatron's --cross-entropy-fusion-impl: the kernel a fused cross entropy runs. "
+                              "'native' (megatron-core's default) keeps a float32 copy of the logits beside "
+                              "the float32 softmax, so the fusion costs memory; 'te' (Transformer Engine's, "
+                              "which NeMo and Megatron-Bridge recipes set) saves it.")
     cluster: Cluster
     framework: Framework = Framework()
 
@@ -401,6 +407,9 @@ class Workload(BaseModel):
                              f"{self.cluster.gpu} has none (use {instead})")
         if self.precision == "fp8" and self.attention_backend == "local":
             raise ValueError("precision: fp8 needs Transformer Engine; attention_backend local "
+                             "(--transformer-impl local) has none")
+        if self.cross_entropy_fusion_impl == "te" and self.attention_backend == "local":
+            raise ValueError("cross_entropy_fusion_impl: te needs Transformer Engine; attention_backend local "
                              "(--transformer-impl local) has none")
         return self
 
@@ -425,7 +434,7 @@ class Workload(BaseModel):
     def key(self) -> str:
         """Identity for warm starts: jobs with the same key share what they learned."""
         payload = self.model_dump(mode="json", exclude={"framework": True, "model": {"name"}})
-        for name in ("grad_reduce_in_fp32", "attention_backend"):
+        for name in ("grad_reduce_in_fp32", "attention_backend", "cross_entropy_fusion_impl"):
             if payload[name] == Workload.model_fields[name].default:
                 del payload[name]  # the default: keys of earlier pools stay valid
         for name in _KEY_V1_OMIT_AT_DEFAULT:  # likewise for architecture fields added later

@@ -100,10 +100,28 @@ def test_health_states():
 
 def test_implied_oom():
     oom = S(tp=2, pp=1, mbs=2)
-    assert needs_at_least_as_much_memory(S(tp=2, pp=1, mbs=4), oom)
-    assert not needs_at_least_as_much_memory(S(tp=2, pp=1, mbs=4, recompute="full"), oom)
-    assert not needs_at_least_as_much_memory(S(tp=2, pp=1, mbs=1), oom)
-    assert not needs_at_least_as_much_memory(S(tp=4, pp=1, mbs=2), oom)
+    assert needs_at_least_as_much_memory(S(tp=2, pp=1, mbs=4), oom, W)
+    assert not needs_at_least_as_much_memory(S(tp=2, pp=1, mbs=4, recompute="full"), oom, W)
+    assert not needs_at_least_as_much_memory(S(tp=2, pp=1, mbs=1), oom, W)
+    assert not needs_at_least_as_much_memory(S(tp=4, pp=1, mbs=2), oom, W)
+
+
+def test_the_flags_to_reproduce_a_fused_loss_name_its_kernel_when_not_the_default():
+    fused = S(tp=2, cross_entropy_loss_fusion=True)
+    te = W.model_copy(update={"cross_entropy_fusion_impl": "te"})
+    assert fused.run_args(W) == fused.megatron_args()  # Megatron-LM's default kernel: no flag
+    assert fused.run_args(te)[-2:] == ["--cross-entropy-fusion-impl", "te"]
+    assert S(tp=2).run_args(te) == S(tp=2).megatron_args()  # no fusion: the kernel never runs
+
+
+def test_implied_oom_follows_the_cross_entropy_kernel():
+    """megatron-core's native fused loss holds one more float32 copy of the logits (the H100 sweep:
+    +4 B per element), Transformer Engine's saves memory: which side of a fused OOM is implied flips."""
+    fused, unfused = S(tp=2, mbs=2, cross_entropy_loss_fusion=True), S(tp=2, mbs=2)
+    te = W.model_copy(update={"cross_entropy_fusion_impl": "te"})
+    assert W.cross_entropy_fusion_impl == "native"  # megatron-core's default
+    assert needs_at_least_as_much_memory(fused, unfused, W) and not needs_at_least_as_much_memory(unfused, fused, W)
+    assert needs_at_least_as_much_memory(unfused, fused, te) and not needs_at_least_as_much_memory(fused, unfused, te)
 
 
 def test_guard_rules():

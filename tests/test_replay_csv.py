@@ -282,6 +282,15 @@ def test_attention_backend_from_args(tmp_path: Path) -> None:
     assert backend("args: attention-backend=<script>") == "auto"
 
 
+def test_fused_loss_kernel_from_args(tmp_path: Path) -> None:
+    def impl(notes: str) -> str:
+        return one(tmp_path, model="gpt/x", vocab_size="50257", notes=notes).workload.cross_entropy_fusion_impl
+
+    assert impl("") == "native"  # megatron-core's default, what our GPU sweeps ran
+    assert impl("args: cross-entropy-fusion-impl=te") == "te"
+    assert impl("args: cross-entropy-fusion-impl=<script>") == "native"
+
+
 @pytest.mark.parametrize("cells, swiglu", [
     (dict(model="Some-7B", ffn_hidden_size="11008", vocab_size="32001"), True),       # default: gated
     (dict(model="Some-7B", ffn_hidden_size="16384", vocab_size="32001"), False),      # 4h
@@ -783,6 +792,24 @@ def test_a_written_row_says_its_mlp(tmp_path: Path, swiglu: bool, ffn: int) -> N
         writer.writeheader()
         writer.writerow(replay_row(w, strategy_from_mapping({"tp": 2}), result="oom", source="test", notes={}))
     assert read_replay_csv(path)[0].workload.model.swiglu is swiglu
+
+
+@pytest.mark.parametrize("impl", ["native", "te"])
+def test_a_written_row_says_its_fused_loss_kernel(tmp_path: Path, impl: str) -> None:
+    """The kernel decides the fused loss's memory (native: one more float32 copy of the logits), so a
+    row of a te run must not read back as megatron-core's default."""
+    from optico.replay_rows import replay_row
+
+    w = Workload(model=PRESETS["llama3-8b"], seq_length=4096, global_batch_size=8, cross_entropy_fusion_impl=impl,
+                 cluster=Cluster(gpu="h100-sxm", gpus_per_node=8))
+    path = tmp_path / "rows.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        writer.writeheader()
+        writer.writerow(replay_row(w, strategy_from_mapping({"tp": 2, "cross_entropy_loss_fusion": True}),
+                                   result="oom", source="test", notes={}))
+    row = read_replay_csv(path)[0]
+    assert row.workload.cross_entropy_fusion_impl == impl and row.strategy.cross_entropy_loss_fusion
 
 
 def test_the_8k_h100_sweep_reads_as_the_model_that_ran() -> None:

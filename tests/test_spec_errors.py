@@ -72,6 +72,10 @@ CASES = [
      "bf16 needs a GPU with bf16 tensor cores; v100-32gb has none (use fp16)"),
     (GOOD.replace("precision: bf16", "precision: fp8\n  attention_backend: local")
      .replace("gpu: a100-80gb", "gpu: h100-sxm"), "workload.precision", "fp8 needs Transformer Engine"),
+    (GOOD.replace("precision: bf16", "precision: bf16\n  attention_backend: local\n  cross_entropy_fusion_impl: te"),
+     "workload.cross_entropy_fusion_impl", "te needs Transformer Engine"),
+    (GOOD.replace("precision: bf16", "precision: bf16\n  cross_entropy_fusion_impl: apex"),
+     "workload.cross_entropy_fusion_impl", "'native' or 'te'"),
     (GOOD.replace("model: llama3-8b", "model: {preset: nemotron-h-8b, mamba_num_heads: 100}"), "workload.model",
      "Mamba heads (100) must be divisible by mamba_num_groups (8)"),
     # The advice survives the one-line clip: it comes before the list of domain sizes.

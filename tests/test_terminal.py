@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from rich.padding import Padding
-from rich.table import Table
 
 from optico import terminal
 

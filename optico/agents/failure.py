@@ -11,8 +11,7 @@ from __future__ import annotations
 import re
 
 from optico.agent_contracts import FailureInput
-from optico.guard import recompute_level
-from optico.knobs import KNOBS
+from optico.knobs import KNOBS, recompute_level
 from optico.redact import clip
 from optico.strategy import PAPER_NAMES, Strategy, display_value
 from optico.logscan import first_error

@@ -10,7 +10,7 @@ import typer
 
 from optico.bench import DEFAULT_TUNERS
 from optico.errors import SpecError, first_line
-from optico.terminal import ANY_COUNT, check_output_path, console, err, fail, read_decimal, whole_number
+from optico.terminal import ANY_COUNT, check_output_path, console, fail, read_decimal, whole_number
 from optico.textsafe import markup, terminal_text
 
 

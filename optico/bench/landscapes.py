@@ -568,6 +568,9 @@ def sim_defs(landscape_seed: int = 0, presets: list[str] | None = None, all_clus
             w = Workload(model=setup.arch, seq_length=setup.seq_length,
                          global_batch_size=overrides.get("global_batch_size", setup.gbs_per_gpu * world),
                          precision=overrides.get("precision", "bf16"),
+                         # Recipe runs on clusters with Transformer Engine, like the examples: the fused
+                         # loss runs TE's kernel, which saves memory (megatron-core's native one costs it).
+                         cross_entropy_fusion_impl="te",
                          cluster=Cluster(gpu=gpu, gpus_per_node=8, nodes=world // 8))
             name = f"{preset}-{gpu.split('-')[0]}-{world}{suffix}"
             out.append(SimDef(name=name, preset=preset, workload=w, tunables=sim_tunables(w, setup),

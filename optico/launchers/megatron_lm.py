@@ -6,8 +6,10 @@ command, with its value, in either spelling (`--flag value` or `--flag=value`), 
 strategy's flags (`Strategy.megatron_args`) are appended; so are the workload's global batch
 size, a short run (`--train-iters`, or `--train-samples` for a sample-based command),
 `--log-interval`, `--eval-iters 0` and `--log-throughput`. Flags in `drop_flags` (checkpoint
-`--save`/`--load` by default) are removed. The model shape and sequence length stay the
-user's, but must agree with the workload: a mismatch is a configuration error, raised.
+`--save`/`--load` by default) are removed. The model shape, sequence length and fused
+cross entropy's kernel (`--cross-entropy-fusion-impl`) stay the user's, but must agree with the
+workload: a mismatch is a configuration error, raised; a workload's `te` kernel the command
+leaves unstated is appended (Megatron-LM's default is `native`).
 
 Parsing (`parse_log`, `metrics_from_log`): the two lines Megatron-LM prints, tolerant of
 fields it adds or drops between versions and of any prefix (timestamps, torchrun's
@@ -47,6 +49,7 @@ _SHAPE_FLAGS = {
     "--num-layers": lambda w: w.model.num_layers,
     "--hidden-size": lambda w: w.model.hidden_size,
     "--num-attention-heads": lambda w: w.model.num_attention_heads,
+    "--cross-entropy-fusion-impl": lambda w: w.cross_entropy_fusion_impl,
 }
 
 
@@ -140,10 +143,12 @@ def render_args(user_argv: list[str], workload: Workload, strategy: Strategy, *,
         values = given.get(flag)
         if values and values[0] != str(want(workload)):
             raise ValueError(f"launcher.program.command: {flag} {values[0]} disagrees with the workload "
-                             f"({want(workload)}); the workload's model and seq_length must describe the command")
+                             f"({want(workload)}); the workload must describe the command")
     sample_based = "--train-samples" in given and "--train-iters" not in given
     out = strip_flags(user_argv, set(VALUE_FLAGS), set(BOOL_FLAGS), set(drop_flags))
     out += strategy_flags(workload, strategy, vpp_flag)
+    if "--cross-entropy-fusion-impl" not in given and workload.cross_entropy_fusion_impl != "native":
+        out += ["--cross-entropy-fusion-impl", workload.cross_entropy_fusion_impl]  # Megatron-LM's default is native
     out += ["--global-batch-size", str(workload.global_batch_size)]
     if train_iters is not None:
         if sample_based:  # iteration-based flags would trip Megatron-LM's sample-based checks

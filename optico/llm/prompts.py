@@ -70,6 +70,7 @@ def workload_block(w: Workload, space: SearchSpace) -> str:
         f"- cluster: {w.world_size} x {c.gpu} ({c.spec.memory_gib:.0f} GiB each), {c.gpus_per_node} per node, "
         f"{c.nodes_used} node(s), {c.interconnect}; peak {w.peak_tflops:.0f} dense TFLOP/s per GPU",
         "- data parallel size is derived: GPUs / (TP x PP x CP)",
+        f"- fused cross entropy, when on, runs the {w.cross_entropy_fusion_impl} kernel",
     ]
     if fixed:
         lines.append("- fixed for this job: " + ", ".join(f"{PAPER_NAMES.get(f, f)}={display_value(f, v)}"
@@ -117,7 +118,8 @@ SEMANTICS: dict[str, str] = {
     "overlap_param_gather": "overlaps the parameter all-gather with the forward pass (needs the distributed "
                             "optimizer and OVERLAP_GRAD_REDUCE)",
     "tp_comm_overlap": "overlaps TP communication with GEMMs (needs SEQUENCE_PARALLEL)",
-    "cross_entropy_loss_fusion": "fused cross-entropy kernel; saves logits memory and time",
+    "cross_entropy_loss_fusion": "fused cross-entropy kernel; saves time, and logits memory with the te kernel "
+                                 "(the native one holds an extra fp32 copy of the logits)",
     "decoder_first_pipeline_num_layers": "layers on the first pipeline stage (uneven split)",
     "decoder_last_pipeline_num_layers": "layers on the last pipeline stage (uneven split)",
     "moe_token_dispatcher_type": "how MoE tokens reach experts: allgather, alltoall or flex",

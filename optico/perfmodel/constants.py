@@ -66,7 +66,9 @@ class Constants(BaseModel):
     logits_bytes: float = Field(10.0, ge=4, le=10, description="Bytes per logit element held at the loss, "
                                                                "unfused: bf16 logits (2), the fp32 softmax kept "
                                                                "for backward (4), a transient fp32 copy (4).")
-    logits_bytes_fused: float = Field(6.0, ge=2, le=24, description="Same with cross-entropy loss fusion.")
+    logits_bytes_fused: float = Field(6.0, ge=2, le=24, description="Same with cross-entropy loss fusion by "
+                                                                    "Transformer Engine's kernel "
+                                                                    "(cross_entropy_fusion_impl te).")
     mem_overhead_gib: float = Field(2.5, ge=0, le=12, description="CUDA context, NCCL and cuBLAS buffers.")
     mem_fragmentation: float = Field(0.05, ge=0, le=0.5, description="Allocator slack over activations.")
     oom_margin: float = Field(0.06, ge=0, le=0.5, description="The guard rejects a prediction above "

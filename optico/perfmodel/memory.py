@@ -9,7 +9,9 @@ Activations after Korthikanti et al. 2022 with flash attention (no s² scores), 
 by TP, by SP for the norms and residuals, by CP along the sequence; selective
 recompute drops the attention output, full recompute keeps one input per recompute
 chunk. The first stage holds PP micro-batches in flight under 1F1B, more when
-interleaved; the last holds the logits of one micro-batch at the loss. Each stage is the sum
+interleaved; the last holds the logits of one micro-batch at the loss (a fused cross entropy
+saves memory with Transformer Engine's kernel and costs a float32 copy with megatron-core's
+native one, `logits_bytes_per_element`). Each stage is the sum
 of its layers by kind (`perfmodel.layers`: attention/MLA/Mamba mixers, dense/MoE MLPs, the
 multi-token-prediction layer on the last stage); activation offloading moves the offloaded
 layers' activations to host memory (one layer in transit stays).
@@ -28,6 +30,11 @@ from optico.strategy import Strategy
 from optico.workload import Workload
 
 GIB = 1024**3
+# megatron-core's native fused cross entropy (`cross_entropy_fusion_impl='native'`, its default) holds
+# one more float32 copy of the logits than the unfused loss: the jit-fused steps each return a new
+# tensor where the unfused one works in place. Measured: +4.0 B per logit element on every pair with
+# and without the fusion in the H100 sweep (calibration data: MBS 1, 2, 4, 8).
+NATIVE_FUSED_EXTRA_BYTES = 4.0
 
 
 class MemoryBreakdown(BaseModel):
@@ -118,6 +125,16 @@ def stage_activation_bytes(w: Workload, s: Strategy, lay: Layout, c: Constants, 
     return per_microbatch * lay.in_flight[stage] + working
 
 
+def logits_bytes_per_element(w: Workload, s: Strategy, c: Constants) -> float:
+    """Bytes held per logit element at the loss: Transformer Engine's fused kernel saves memory,
+    megatron-core's native one costs it."""
+    if not s.cross_entropy_loss_fusion:
+        return c.logits_bytes
+    if w.cross_entropy_fusion_impl == "te":
+        return c.logits_bytes_fused
+    return c.logits_bytes + NATIVE_FUSED_EXTRA_BYTES
+
+
 def memory(w: Workload, s: Strategy, lay: Layout, c: Constants) -> MemoryBreakdown:
     """The highest stage's memory."""
     m = w.model
@@ -136,7 +153,7 @@ def memory(w: Workload, s: Strategy, lay: Layout, c: Constants) -> MemoryBreakdo
         acts = raw_acts * (1 + c.mem_fragmentation)
         logits = 0.0
         if stage == lay.pp - 1:
-            per_element = c.logits_bytes_fused if s.cross_entropy_loss_fusion else c.logits_bytes
+            per_element = logits_bytes_per_element(w, s, c)
             # The main head's logits (multi-token prediction holds its own at the same time).
             logits = lay.tokens * m.padded_vocab(lay.tp) / lay.tp * per_element * (1 + (m.mtp_num_layers or 0))
         total = (weights + grads + optimizer + acts + logits) / GIB + c.mem_overhead_gib

@@ -89,7 +89,7 @@ def retune_result(store: Store, schedule: ScheduleRecord, tick: TickRecord) -> t
         return (best.metrics.mfu / reference - 1) * 100 if reference else None
 
     report["new_best"] = {"trial": best.index, "mfu": best.metrics.mfu, "strategy": best.strategy.short(),
-                          "megatron_args": best.strategy.megatron_args(), "fingerprint": framework}
+                          "megatron_args": best.strategy.run_args(job.spec.workload), "fingerprint": framework}
     report["flag_diff"] = flag_diff(before_strategy, best.strategy)
     report["flag_changes"] = flag_changes(before_strategy, best.strategy) if before_strategy else []
     report["new_best_vs_mfu_before_pct"] = pct(tick.mfu_before)  # against the incumbent on the old framework

@@ -125,7 +125,7 @@ def job_view(job: JobRecord, stats: JobStats | None) -> JobView:
         best=None if best is None else BestView(trial=best.index, mfu=best.metrics.mfu,
                                                 tflops_per_gpu=best.metrics.tflops_per_gpu,
                                                 strategy=best.strategy.short(),
-                                                megatron_args=best.strategy.megatron_args()),
+                                                megatron_args=best.strategy.run_args(job.spec.workload)),
         stop_reason=job.stop_reason,
         lease=LeaseView(worker=job.lease_owner, expires_at=job.lease_expires_at)
         if job.lease_owner and job.lease_expires_at else None,

@@ -68,6 +68,19 @@ def test_commands_that_disagree_with_the_workload_or_run_torchrun_are_refused():
         render_args(["torchrun", "--nproc-per-node", "8", "pretrain_gpt.py"], w, s, **RENDER)
 
 
+def test_the_fused_loss_kernel_is_the_workloads():
+    """Its memory differs by kernel, so the command runs the one the model priced: Megatron-LM's
+    default (native) needs no flag, the te kernel is stated, a command saying otherwise is refused."""
+    native, s = tiny(), strategy_from_mapping({"cross_entropy_loss_fusion": True})
+    te = native.model_copy(update={"cross_entropy_fusion_impl": "te"})
+    assert "--cross-entropy-fusion-impl" not in render_args(fake_command(), native, s, **RENDER)
+    assert flag_values(render_args(fake_command(), te, s, **RENDER))["--cross-entropy-fusion-impl"] == ["te"]
+    stated = render_args(fake_command("--cross-entropy-fusion-impl", "te"), te, s, **RENDER)
+    assert flag_values(stated)["--cross-entropy-fusion-impl"] == ["te"]
+    with pytest.raises(ValueError, match="--cross-entropy-fusion-impl te disagrees with the workload \\(native\\)"):
+        render_args(fake_command("--cross-entropy-fusion-impl", "te"), native, s, **RENDER)
+
+
 # -- Megatron-LM log lines ----------------------------------------------------------------------
 
 ITERATION = (" [2025-03-01 10:00:00.123456] iteration        7/      20 | consumed samples:          448 | "

@@ -185,3 +185,7 @@ def test_make_plan_derives_layout_and_refuses_what_cannot_run():
         with pytest.raises(mdl.BenchConfigError, match="Transformer Engine") as info:
             mdl.make_plan(w, Strategy(context_parallel_size=2), 4, device="cpu")
         assert info.value.params == ["context_parallel_size"]
+        te_loss = w.model_copy(update={"cross_entropy_fusion_impl": "te"})
+        with pytest.raises(mdl.BenchConfigError, match="cross_entropy_fusion_impl te needs Transformer Engine"):
+            mdl.make_plan(te_loss, Strategy(cross_entropy_loss_fusion=True), 4, device="cpu")
+        mdl.make_plan(te_loss, Strategy(), 4, device="cpu")  # no fusion: the kernel is never called

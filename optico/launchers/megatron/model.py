@@ -98,6 +98,9 @@ def make_plan(w: Workload, s: Strategy, world_size: int, *, device: str,
             f"which is not available here" + (" (no CUDA)" if device == "cpu" else ""), ["context_parallel_size"])
     if w.precision == "fp8" and not compat.HAVE_TE:
         raise BenchConfigError("fp8 training needs Transformer Engine, which is not available here")
+    if s.cross_entropy_loss_fusion and w.cross_entropy_fusion_impl == "te" and not compat.HAVE_TE:
+        raise BenchConfigError("cross-entropy fusion with cross_entropy_fusion_impl te needs Transformer Engine, "
+                               "which is not available here", ["cross_entropy_loss_fusion"])
     for knob in KNOBS:  # the registry marks what needs Transformer Engine
         if knob.te_only and knob.active(s) and not compat.HAVE_TE:
             raise BenchConfigError(f"{knob.name} needs Transformer Engine, which is not available here",
@@ -171,6 +174,7 @@ def transformer_config(w: Workload, s: Strategy, plan: Plan) -> TransformerConfi
         recompute_num_layers=s.recompute_num_layers,
         # fusions (Megatron-LM defaults; the CPU shim turns the torch.compile'd ones off)
         cross_entropy_loss_fusion=s.cross_entropy_loss_fusion,
+        cross_entropy_fusion_impl=w.cross_entropy_fusion_impl,
         bias_activation_fusion=swiglu or add_bias,  # Megatron-LM: swiglu fusion; gelu fusion needs a bias
         bias_dropout_fusion=True,
         masked_softmax_fusion=compat.HAVE_TE,
