@@ -71,6 +71,17 @@ def test_failure_analysis_forms(log, hint, attempts, category, retry, params, su
     assert len(f.summary.split()) <= 31
 
 
+def test_an_oom_after_turning_on_megatron_cores_fused_loss_blames_the_fusion():
+    """Its native kernel holds a float32 copy of the logits more; Transformer Engine's saves memory."""
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 18.55 GiB."
+    s, ref = S(tp=2, mbs=1, cross_entropy_loss_fusion=True), S(tp=2, mbs=1)
+    native = RulesFailureAnalysis().diagnose(FailureInput(workload=W, strategy=s, reference=ref, log=oom))
+    assert native.category == FailureCategory.OOM and native.params[0] == "cross_entropy_loss_fusion"
+    te = W.model_copy(update={"cross_entropy_fusion_impl": "te"})
+    assert "cross_entropy_loss_fusion" not in RulesFailureAnalysis().diagnose(
+        FailureInput(workload=te, strategy=s, reference=ref, log=oom)).params
+
+
 def test_an_invalid_configuration_s_line_is_cut_between_words():
     # "needs Transformer Engine (TEDotProd (Confidence: 90)": the line was cut at 80 characters, mid-word.
     line = ("[rank0]: AssertionError: tp_comm_overlap needs Transformer Engine (TEDotProductAttention, "

@@ -11,11 +11,12 @@ from __future__ import annotations
 import re
 
 from optico.agent_contracts import FailureInput
-from optico.knobs import KNOBS, recompute_level
+from optico.knobs import BY_NAME, KNOBS, recompute_level
 from optico.redact import clip
 from optico.strategy import PAPER_NAMES, Strategy, display_value
 from optico.logscan import first_error
 from optico.trial import Failure, FailureCategory
+from optico.workload import Workload
 
 # Words in Megatron's assertion messages -> the parameter they are about.
 _KEYWORDS = [
@@ -42,7 +43,7 @@ def _blamed(text: str) -> list[str]:
     return list(dict.fromkeys(named + [field for pattern, field in _KEYWORDS if pattern.search(text)]))[:2]
 
 
-def _oom_params(s: Strategy, ref: Strategy | None) -> list[str]:
+def _oom_params(s: Strategy, ref: Strategy | None, w: Workload) -> list[str]:
     """The knobs that put this configuration over the limit, changed ones first."""
     changed = set(ref.diff(s)) if ref else set()
     ranked: list[str] = []
@@ -57,6 +58,9 @@ def _oom_params(s: Strategy, ref: Strategy | None) -> list[str]:
         ranked.append("use_distributed_optimizer")
     if ref and ref.sequence_parallel and not s.sequence_parallel:
         ranked.append("sequence_parallel")
+    fusion = BY_NAME["cross_entropy_loss_fusion"].memory_order
+    if ref and fusion(s, w) < fusion(ref, w):  # megatron-core's native fused loss holds a float32 copy more
+        ranked.append("cross_entropy_loss_fusion")
     if not ranked:
         ranked = ["micro_batch_size"] if s.mbs > 1 else (
             ["recompute_granularity"] if s.recompute == "none" else ["tensor_model_parallel_size"])
@@ -95,7 +99,7 @@ class RulesFailureAnalysis:
                     FailureCategory.NOT_MEASURED: "configuration not measured"}.get(hint, hint.value)
         s, excerpt = inp.strategy, line or clip(inp.log.strip(), 300, tail=True)
         if category == FailureCategory.OOM:
-            params = _oom_params(s, inp.reference)
+            params = _oom_params(s, inp.reference, inp.workload)
             confidence = 92 if (inp.predicted_mem_fraction or 0) >= 0.85 or inp.reference else 75
             summary = f"{_params_text(s, params)} caused {name} (Confidence: {confidence})"
             return Failure(category=category, summary=_clip_words(summary), params=params,
