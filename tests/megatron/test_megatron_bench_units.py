@@ -189,3 +189,23 @@ def test_make_plan_derives_layout_and_refuses_what_cannot_run():
         with pytest.raises(mdl.BenchConfigError, match="cross_entropy_fusion_impl te needs Transformer Engine"):
             mdl.make_plan(te_loss, Strategy(cross_entropy_loss_fusion=True), 4, device="cpu")
         mdl.make_plan(te_loss, Strategy(), 4, device="cpu")  # no fusion: the kernel is never called
+
+
+
+@pytest.mark.skipif(not HAVE_STACK, reason="needs torch and megatron-core")
+def test_a_megatron_core_without_the_kernel_choice_refuses_te_rather_than_run_native(monkeypatch):
+    from optico.launchers.megatron import model as mdl
+
+    w, s = _workload(4), Strategy(cross_entropy_loss_fusion=True)
+    plan = mdl.make_plan(w, s, 4, device="cpu")
+    real = mdl.compat.config_kwargs_supported
+
+    def without_the_field(cls, kw):
+        kept, dropped = real(cls, {k: v for k, v in kw.items() if k != "cross_entropy_fusion_impl"})
+        return kept, [*dropped, "cross_entropy_fusion_impl"]
+
+    monkeypatch.setattr(mdl.compat, "config_kwargs_supported", without_the_field)
+    te_loss = w.model_copy(update={"cross_entropy_fusion_impl": "te"})
+    with pytest.raises(mdl.BenchConfigError, match="no cross_entropy_fusion_impl"):
+        mdl.transformer_config(te_loss, s, plan)
+    assert mdl.transformer_config(w, s, plan).cross_entropy_loss_fusion  # native is what it runs anyway

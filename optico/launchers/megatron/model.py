@@ -207,6 +207,12 @@ def transformer_config(w: Workload, s: Strategy, plan: Plan) -> TransformerConfi
         kw["cpu_offloading"] = True
     kw = cpu_shim.config_overrides(kw, plan.notes)
     kw, dropped = compat.config_kwargs_supported(TransformerConfig, kw)
+    te_loss = s.cross_entropy_loss_fusion and w.cross_entropy_fusion_impl != "native"
+    if "cross_entropy_fusion_impl" in dropped and te_loss:
+        # An older megatron-core would run its native kernel, whose memory the model did not price.
+        raise BenchConfigError(f"this megatron-core has no cross_entropy_fusion_impl, so its fused cross entropy "
+                               f"cannot run the workload's {w.cross_entropy_fusion_impl} kernel",
+                               ["cross_entropy_loss_fusion"])
     if dropped:
         plan.notes.append(f"TransformerConfig of this megatron-core has no {', '.join(dropped)}")
     config = TransformerConfig(**kw)
