@@ -19,7 +19,7 @@ def token_create(name: str = typer.Argument(..., help="A name to tell the token 
                  scope: str = typer.Option(..., "--scope", help="read (GET endpoints) or write (everything)."),
                  database: Optional[str] = DatabaseOption) -> None:
     """Mint a token and print it once: it cannot be shown again."""
-    from optico.pool.store import token_name_problem
+    from optico.pool.tokens import token_name_problem
 
     if scope not in ("read", "write"):
         fail(f"--scope: must be read or write, got {scope!r}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets as _secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -35,9 +34,10 @@ from optico.pool.lifecycle import (
     NoNewTrial,
     check_transition,
 )
-from optico.pool.models import Base, EventRow, JobRow, MessageRow, TokenRow, TrialRow, WorkloadRow
-from optico.pool.records import AgentMessage, JobRecord, JobStats, StoredEvent, TokenRecord, as_utc
+from optico.pool.models import Base, EventRow, JobRow, MessageRow, TrialRow, WorkloadRow
+from optico.pool.records import AgentMessage, JobRecord, JobStats, StoredEvent, as_utc
 from optico.pool.schedules import ScheduleSql
+from optico.pool.tokens import TokenSql
 from optico.spec import JobSpec
 from optico.strategy import Strategy
 from optico.trial import Failure, FailureCategory, Metrics, Trial, TrialStatus
@@ -45,23 +45,9 @@ from optico.trial import Failure, FailureCategory, Metrics, Trial, TrialStatus
 __all__ = ["IdempotencyConflict", "SqlStore", "Store", "StoreError", "open_store"]
 
 FINISHED_TRIAL_STATUSES = (TrialStatus.OK.value, TrialStatus.FAILED.value)
-TOKEN_SCOPES = ("read", "write")
-
-
-def token_name_problem(name: str) -> str | None:
-    """Why `name` cannot name an API token, or None (the CLI asks before it opens the pool)."""
-    if not (name and len(name) <= 128 and name.isprintable()):
-        return "1 to 128 printable characters"
-    if redact.redact(name) != name:
-        # Stored as it is, a key pasted as a name would be listed to everyone who reads tokens; stored
-        # masked, `token revoke NAME` could not find it.
-        return "looks like a secret (it would be shown as ***); choose another name"
-    return None
 
 # Wall-time histogram buckets of finished trials (seconds), for /metrics.
 DURATION_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0)
-# A token's last use is written at most this often: a write per request would serialise readers on SQLite.
-TOKEN_TOUCH_S = 60.0
 
 # The Core tables, for the upserts (ON CONFLICT is a Core construct).
 _WORKLOADS: Table = Base.metadata.tables[WorkloadRow.__tablename__]
@@ -114,10 +100,6 @@ def _spec_hash(stored: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(stored, sort_keys=True).encode()).hexdigest()
 
 
-def _token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 def _key_hash(idempotency_key: str) -> str:
     """What the pool keeps of an Idempotency-Key: its hash (a client may put anything in the header,
     a credential included; equality is all the key is for)."""
@@ -165,11 +147,6 @@ def _event(row: EventRow) -> StoredEvent:
                        event=parse_event({**row.payload, "kind": row.kind}))
 
 
-def _token(row: TokenRow) -> TokenRecord:
-    return TokenRecord(id=row.id, name=row.name, scope=row.scope, prefix=row.prefix, created_at=row.created_at,
-                       last_used_at=row.last_used_at, revoked_at=row.revoked_at)
-
-
 # -- the query vocabulary ------------------------------------------------------------------------
 
 def _trial_or_raise(session: Session, trial_id: int) -> TrialRow:
@@ -179,7 +156,7 @@ def _trial_or_raise(session: Session, trial_id: int) -> TrialRow:
     return row
 
 
-class SqlStore(ScheduleSql, Store):
+class SqlStore(ScheduleSql, TokenSql, Store):
     """The pool in SQLite or PostgreSQL; see `Store` for the contract (retuning schedules: `ScheduleSql`).
 
     `url` defaults to `default_database_url()`. With `upgrade=True` the schema is migrated to
@@ -744,60 +721,6 @@ class SqlStore(ScheduleSql, Store):
         with self._session(read=True) as s:
             self._job_row(s, job_id)
             return int(s.execute(select(func.max(EventRow.seq)).where(EventRow.job_id == job_id)).scalar_one() or 0)
-
-    # -- API tokens ---------------------------------------------------------------------------
-    def create_token(self, name: str, scope: str) -> tuple[TokenRecord, str]:
-        if scope not in TOKEN_SCOPES:
-            raise ValueError(f"scope: must be read or write, got {scope!r}")
-        problem = token_name_problem(name)
-        if problem:
-            raise ValueError(f"name: {problem}")
-        token = f"optico_{scope[0]}_{_secrets.token_urlsafe(32)}"
-        redact.register(token)
-        try:
-            with self._session() as s:
-                row = TokenRow(name=name, scope=scope, token_hash=_token_hash(token), prefix=token[:12])
-                s.add(row)
-                s.flush()
-                return _token(row), token
-        except StoreError as exc:
-            if isinstance(exc.__cause__, IntegrityError):
-                # A revoked token keeps its name (token list shows who had access): a name is used once.
-                revoked = any(r.name == name and r.revoked_at is not None for r in self.tokens())
-                state = "was revoked (its name stays in the record)" if revoked else "exists"
-                raise ValueError(f"name: a token named {name!r} {state}; pick another name") from None
-            raise
-
-    def authenticate(self, token: str) -> TokenRecord | None:
-        if not token or len(token) > 256:
-            return None
-        digest = _token_hash(token)
-        with self._session(read=True) as s:  # every request authenticates: a read that never queues
-            row = s.scalars(select(TokenRow).where(TokenRow.token_hash == digest)).first()
-            if row is None or row.revoked_at is not None:
-                return None
-            now = self._now(s)
-            record = _token(row)
-        last = record.last_used_at
-        if last is None or (now - last).total_seconds() > TOKEN_TOUCH_S:
-            with self._session() as s:  # "last used" is written at most once a minute per token
-                s.execute(update(TokenRow).where(TokenRow.id == record.id).values(last_used_at=self._stamp(now)))
-            record = record.model_copy(update={"last_used_at": now})
-        return record
-
-    def tokens(self) -> list[TokenRecord]:
-        with self._session(read=True) as s:
-            return [_token(r) for r in s.scalars(select(TokenRow).order_by(TokenRow.id))]
-
-    def revoke_token(self, name: str) -> TokenRecord:
-        with self._session() as s:
-            row = s.scalars(select(TokenRow).where(TokenRow.name == name)).first()
-            if row is None:
-                raise KeyError(f"no token named {name!r}")
-            if row.revoked_at is None:
-                row.revoked_at = self._stamp(self._now(s))
-                s.flush()
-            return _token(row)
 
     # -- service figures --------------------------------------------------------------------
     def service_stats(self) -> dict[str, Any]:
