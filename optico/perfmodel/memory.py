@@ -31,9 +31,9 @@ from optico.workload import Workload
 
 GIB = 1024**3
 # megatron-core's native fused cross entropy (`cross_entropy_fusion_impl='native'`, its default) holds
-# one more float32 copy of the logits than the unfused loss: the jit-fused steps each return a new
-# tensor where the unfused one works in place. Measured: +4.0 B per logit element on every pair with
-# and without the fusion in the H100 sweep (calibration data: MBS 1, 2, 4, 8).
+# one more float32 copy of the logits than the unfused loss: +4.0 B per logit element on every pair
+# with and without the fusion in the H100 sweep (calibration data: MBS 1, 2, 4, 8). Measured, not
+# profiled: we read it as its jit-fused steps returning new tensors where the unfused loss works in place.
 NATIVE_FUSED_EXTRA_BYTES = 4.0
 
 
