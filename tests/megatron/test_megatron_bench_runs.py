@@ -74,6 +74,7 @@ def test_tp2_sequence_parallel_selective_recompute_ce_fusion(bench):
     assert r["strategy"]["sequence_parallel"] is True
     assert r["strategy"]["recompute_granularity"] == "selective"
     assert r["effective"]["recompute_modules"] == ["core_attn"]
+    assert r["effective"]["cross_entropy_fusion_impl"] == "native"  # megatron-core's kernel, as the model prices
     tp1 = ok(bench(1, {}), 1)
     assert r["loss_first"] == pytest.approx(tp1["loss_first"], rel=1e-4, abs=1e-4)
 

@@ -222,6 +222,9 @@ def transformer_config(w: Workload, s: Strategy, plan: Plan) -> TransformerConfi
         gradient_accumulation_fusion=config.gradient_accumulation_fusion,
         recompute_modules=list(config.recompute_modules or []) if s.recompute_granularity == "selective" else None,
         normalization=config.normalization, use_cpu_initialization=plan.use_cpu_initialization,
+        # The fused loss's memory depends on its kernel (None: a megatron-core without the choice, native).
+        cross_entropy_fusion_impl=getattr(config, "cross_entropy_fusion_impl", None)
+        if s.cross_entropy_loss_fusion else None,
     )
     return config
 
