@@ -191,9 +191,10 @@ def job_report(store: Store, job_id: int, *, tokens: float | None = None) -> dic
             savings = {"tokens": tokens, "gpu_hours_baseline": before, "gpu_hours_best": after,
                        "gpu_hours_saved": before - after, "gpu_hours_saved_net_of_tuning": before - after - spent}
     script = None
+    args = best.strategy.run_args(workload) if best else []
     if best:
         cluster = workload.cluster
-        script = launch_script(job.name, workload.describe(), best.strategy.run_args(workload),
+        script = launch_script(job.name, workload.describe(), args,
                                global_batch_size=workload.global_batch_size, seq_length=workload.seq_length,
                                gpus_per_node=cluster.gpus_per_node, nodes=cluster.nodes_used,
                                note=f"best of job {job.id}, trial {best.index}: MFU {best.metrics.mfu:.1%}")
@@ -206,7 +207,7 @@ def job_report(store: Store, job_id: int, *, tokens: float | None = None) -> dic
         "best": None if best is None else {
             "trial": best.index, "mfu": best.metrics.mfu, "tflops_per_gpu": best.metrics.tflops_per_gpu,
             "tokens_per_s_per_gpu": best.metrics.tokens_per_s_per_gpu, "strategy": best.strategy.short(),
-            "megatron_args": best.strategy.run_args(workload), "flags": flag_groups(best.strategy.run_args(workload))},
+            "megatron_args": args, "flags": flag_groups(args)},
         "improvement_over_baseline": improvement,
         "path": path,
         "failures": failures,

@@ -8,8 +8,8 @@ size, a short run (`--train-iters`, or `--train-samples` for a sample-based comm
 `--log-interval`, `--eval-iters 0` and `--log-throughput`. Flags in `drop_flags` (checkpoint
 `--save`/`--load` by default) are removed. The model shape, sequence length and fused
 cross entropy's kernel (`--cross-entropy-fusion-impl`) stay the user's, but must agree with the
-workload: a mismatch is a configuration error, raised; a workload's `te` kernel the command
-leaves unstated is appended (Megatron-LM's default is `native`).
+workload: a mismatch is a configuration error, raised; the kernel is then written as
+`Strategy.run_args` writes it (`te` with the fusion on; nothing for Megatron-LM's default, `native`).
 
 Parsing (`parse_log`, `metrics_from_log`): the two lines Megatron-LM prints, tolerant of
 fields it adds or drops between versions and of any prefix (timestamps, torchrun's
@@ -41,7 +41,8 @@ from optico.workload import Workload
 # selective recompute), and the flags of the run itself.
 _KNOB_VALUE_FLAGS, _KNOB_SWITCHES = owned_flags()
 VALUE_FLAGS = tuple(sorted(_KNOB_VALUE_FLAGS)) + (
-    "--global-batch-size", "--train-iters", "--train-samples", "--log-interval", "--eval-iters")
+    "--global-batch-size", "--train-iters", "--train-samples", "--log-interval", "--eval-iters",
+    "--cross-entropy-fusion-impl")  # checked against the workload, then written by `Strategy.run_args`
 BOOL_FLAGS = tuple(sorted(_KNOB_SWITCHES)) + ("--log-throughput",)
 # Workload facts the user's command states; they must agree with the spec's workload.
 _SHAPE_FLAGS = {
@@ -111,9 +112,9 @@ def strip_flags(argv: list[str], value_flags: set[str], bool_flags: set[str],
 
 
 def strategy_flags(workload: Workload, strategy: Strategy, vpp_flag: str = "stages") -> list[str]:
-    """The strategy as Megatron-LM flags; `vpp_flag='layers'` writes VPP the old way
-    (--num-layers-per-virtual-pipeline-stage) for Megatron-LM before the flag was renamed."""
-    args = strategy.megatron_args()
+    """The strategy as Megatron-LM flags on `workload` (`Strategy.run_args`); `vpp_flag='layers'` writes
+    VPP the old way (--num-layers-per-virtual-pipeline-stage) for Megatron-LM before the flag was renamed."""
+    args = strategy.run_args(workload)
     if vpp_flag == "layers" and "--num-virtual-stages-per-pipeline-rank" in args:
         i = args.index("--num-virtual-stages-per-pipeline-rank")
         s = strategy
@@ -147,8 +148,6 @@ def render_args(user_argv: list[str], workload: Workload, strategy: Strategy, *,
     sample_based = "--train-samples" in given and "--train-iters" not in given
     out = strip_flags(user_argv, set(VALUE_FLAGS), set(BOOL_FLAGS), set(drop_flags))
     out += strategy_flags(workload, strategy, vpp_flag)
-    if "--cross-entropy-fusion-impl" not in given and workload.cross_entropy_fusion_impl != "native":
-        out += ["--cross-entropy-fusion-impl", workload.cross_entropy_fusion_impl]  # Megatron-LM's default is native
     out += ["--global-batch-size", str(workload.global_batch_size)]
     if train_iters is not None:
         if sample_based:  # iteration-based flags would trip Megatron-LM's sample-based checks
