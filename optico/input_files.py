@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from optico.errors import SpecError
 
@@ -59,6 +60,21 @@ def read_text(path: Path, field: str, what: str, max_bytes: int) -> str:
     if len(data) > max_bytes:
         raise SpecError(field, f"{path} is more than {max_bytes:,} bytes; a {what} may be at most {max_bytes:,}")
     return decode_text(data, field, f"{path}", what)
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object gives one key twice."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`'s object_pairs_hook for a JSON object whose keys appear once: a repeated key is an
+    error, not "the last one wins" (a proxy, a log or a person may read the other copy)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(f"duplicate key {key[:60]!r}")
+        out[key] = value
+    return out
 
 
 def json_problem(exc: Exception) -> str:

@@ -35,6 +35,9 @@ MASK = "***"
 SECRET_NAME = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|CREDS|AUTH|COOKIE|SIGNATURE"
                          r"|(?:^|_)(?:PASS|SAS)(?:_|$))")
 
+# An assigned value: quoted (the quotes kept, what is between them masked), or an unbroken run.
+_VALUE = r"(?:(?P<quote>[\"'])[^\"'\n]{1,512}(?P=quote)|[^\s\"',;&]{4,})"
+
 # Shapes of credentials worth scrubbing even when they are not a configured value
 # (an endpoint that echoes a header, a URL with user:password).
 _SHAPES = [
@@ -55,8 +58,15 @@ _SHAPES = [
     # A JSON Web Token: header and payload are base64 of '{"...'.
     re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),
     re.compile(r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"),  # Stripe
-    # Not after a slash: "/etc/passwd: must be ..." names a file, it assigns nothing.
-    re.compile(r"(?i)(?<![/\\])\b((?:password|passwd|pwd|secret)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&]{4,}"),
+    # The keyword anywhere in the name (DB_PASSWORD=, PGPASSWORD=, sslpassword=, AWS_SECRET_ACCESS_KEY=);
+    # a quoted value up to its closing quote, spaces and all. Not after a slash: "/etc/passwd: must
+    # be ..." names a file, it assigns nothing.
+    re.compile(r"(?i)(?<![/\\])\b([A-Za-z0-9_\-]*(?:password|passwd|pwd|secret)[A-Za-z0-9_\-]*[\"']?\s*[:=]\s*)"
+               + _VALUE),
+    # An environment variable's assignment whose name says it is a secret (SECRET_NAME, in capitals as
+    # such names are written: DB_PASS=, MY_PRIVATE_KEY=, AZURE_STORAGE_KEY=, CLIENT_CREDENTIALS=).
+    re.compile(r"\b([A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|CREDS|SIGNATURE|COOKIE)"
+               r"[A-Z0-9_]*|[A-Z0-9_]*_(?:PASS|SAS|AUTH)(?:_[A-Z0-9_]*)?)([\"']?\s*[:=]\s*)" + _VALUE),
     # Well-known token formats a log or a spec may carry under any name: GitHub, Hugging Face, AWS
     # access key ids, Slack, Google API keys, GitLab, npm, PyPI.
     re.compile(r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})"),
@@ -80,9 +90,24 @@ _MIN_SECRET_LEN = 4  # shorter values would mask ordinary words and numbers
 _CACHED_CHARS = 200
 
 
+def _value_span(m: re.Match[str]) -> tuple[int, int]:
+    """Where the secret of a shape's match stands: after its leading groups (a name and its `=`),
+    inside a quoted value's quotes."""
+    leading = m.re.groups - ("quote" in m.re.groupindex)
+    start, end = (m.end(leading) if leading else m.start()), m.end()
+    if m.groupdict().get("quote"):
+        start, end = start + 1, end - 1
+    return start, end
+
+
+def _masked(m: re.Match[str]) -> str:
+    start, end = _value_span(m)
+    return m.string[m.start():start] + MASK + m.string[end:m.end()]
+
+
 def _mask_shapes(value: str) -> str:
     for pattern in _SHAPES:
-        value = pattern.sub(lambda m: (m.group(1) if m.re.groups else "") + MASK, value)
+        value = pattern.sub(_masked, value)
     return value
 
 
@@ -181,9 +206,9 @@ class Redactor:
                 at = value.find(secret, at + len(secret))
         for pattern in _SHAPES:
             for match in pattern.finditer(value):
-                start = match.end(1) if pattern.groups else match.start()
-                if match.end() > start:
-                    yield start, match.end()
+                start, end = _value_span(match)
+                if end > start:
+                    yield start, end
 
     def _masked(self, value: str) -> str:
         for secret in self._secrets:

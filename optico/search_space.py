@@ -8,7 +8,7 @@ assignment as soon as the fields it reads are set, so the full product is never 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import cached_property
 from typing import Any
 
@@ -64,15 +64,24 @@ class SearchSpace(BaseModel):
 
     @classmethod
     def build(cls, w: Workload, tunables: dict[str, list[Any] | None] | list[str] | None = None,
-              fixed: dict[str, Any] | None = None, keep: frozenset[str] = frozenset()) -> "SearchSpace":
-        """A space over `tunables` (names, or names with domains; None = the default knobs less the
-        fixed ones, trimmed to DEFAULT_SPACE_LIMIT without touching a group with a fixed field or one in
-        `keep`) for `w`.
+              fixed: dict[str, Any] | None = None, baseline: Mapping[str, Any] | None = None) -> "SearchSpace":
+        """A space over `tunables` (names, or names with domains) for `w`.
+
+        `tunables` None is the default space: the default knobs less the fixed ones, widened to hold
+        `baseline` (strategy field -> the expert's value: a published layout is never outside the
+        space it is tuned in), trimmed to DEFAULT_SPACE_LIMIT (`_trim`). With tunables named, the
+        baseline is not read here: it must lie inside what the spec names.
 
         Raises KeyError for an unknown field and ValueError for a bad value, naming it."""
+        baseline = dict(baseline or {}) if tunables is None else {}
         if tunables is None:
             pinned = {canonical_field(k) for k in fixed or {}}
             names: dict[str, list[Any] | None] = {f: None for f in DEFAULT_TUNABLES if f not in pinned}
+            # A flag the baseline sets beyond the default knobs is tuned between Megatron's default and
+            # the baseline's value (full recompute's details are filled in by normalization instead).
+            for field, value in baseline.items():
+                if field not in names and field not in pinned and field not in FULL_RECOMPUTE_DETAILS:
+                    names[field] = [BY_NAME[field].default, value]
         elif isinstance(tunables, list):
             names = {t: None for t in tunables}
         else:
@@ -89,13 +98,15 @@ class SearchSpace(BaseModel):
                 if not isinstance(values, list) or not values:
                     raise ValueError(f"search_space.tunables.{raw}: must be a non-empty list of values")
                 domain = [_coerce(field, v, f"search_space.tunables.{raw}") for v in values]
+            if field in baseline:
+                domain = [*domain, baseline[field]]
             domains[field] = list(dict.fromkeys(_normal(field, v) for v in domain))
         fixed_values = {canonical_field(k): _coerce(canonical_field(k), v, f"search_space.fixed.{k}")
                         for k, v in (fixed or {}).items()}
         clash = set(fixed_values) & set(domains)
         if clash:
             raise ValueError(f"search_space: {', '.join(sorted(clash))} is both tunable and fixed")
-        trimmed = _trim(domains, keep | set(fixed_values)) if tunables is None else {}
+        trimmed = _trim(domains, frozenset(fixed_values), baseline) if tunables is None else {}
         return cls(tunables=domains, fixed={**fixed_values, **trimmed}, trimmed=trimmed)
 
     def base(self) -> Strategy:
@@ -110,7 +121,8 @@ class SearchSpace(BaseModel):
         if not self.trimmed:
             return None
         shown = ", ".join(f"{f} {display_value(f, v)}" for f, v in self.trimmed.items())
-        return (f"the default knobs, with {shown} fixed at Megatron's recipe values: with every default knob the "
+        return (f"the default knobs, with {shown} fixed at Megatron's recipe values (the baseline's, where it "
+                f"sets them): with every default knob the "
                 f"space would have more than {DEFAULT_SPACE_LIMIT:,} combinations (name tunables in the spec "
                 f"to tune them)")
 
@@ -183,21 +195,32 @@ def _product(domains: dict[str, list[Any]]) -> int:
     return math.prod(map(len, domains.values()))
 
 
-def _trim(domains: dict[str, list[Any]], keep: frozenset[str]) -> dict[str, Any]:
-    """Fixes TRIM_ORDER's groups at their recipe values, in order, while the product of `domains` is
-    more than DEFAULT_SPACE_LIMIT; removes them from `domains` and returns {field: value}. A group
-    with a field in `keep` (one the spec fixes or the baseline sets) stays tuned: fixing the rest of
-    it could contradict that field (overlap_param_gather on with the distributed optimizer off)."""
+def _trim(domains: dict[str, list[Any]], pinned: frozenset[str], baseline: Mapping[str, Any]) -> dict[str, Any]:
+    """Fixes flags while the product of `domains` is more than DEFAULT_SPACE_LIMIT; removes them from
+    `domains` and returns {field: value}. First TRIM_ORDER's groups at their recipe values, in order,
+    passing over a group with a field the spec fixes (`pinned`) or the baseline sets: fixing the rest
+    of it could contradict that field (overlap_param_gather on with the distributed optimizer off).
+    Then, if still too large, the baseline's own flags of those groups at the baseline's values, the
+    rest of each group left tuned (a space the expert's recipe flags made too large is not refused)."""
     trimmed: dict[str, Any] = {}
     for group in TRIM_ORDER:
         if _product(domains) <= DEFAULT_SPACE_LIMIT:
-            break
+            return trimmed
         present = [f for f in group if len(domains.get(f, ())) > 1]
-        if not present or keep & set(group):
+        if not present or (pinned | set(baseline)) & set(group):
             continue
         for field in present:
             del domains[field]
             trimmed[field] = BY_NAME[field].recipe
+    for group in TRIM_ORDER:
+        if _product(domains) <= DEFAULT_SPACE_LIMIT:
+            break
+        if pinned & set(group):
+            continue
+        for field in group:
+            if field in baseline and len(domains.get(field, ())) > 1:
+                del domains[field]
+                trimmed[field] = baseline[field]
     return trimmed
 
 

@@ -385,22 +385,17 @@ def _names(raw: Any, where: str) -> list[tuple[str, str]]:
     return out
 
 
-def _baseline_fields(raw: Any) -> frozenset[str]:
-    """The strategy fields a spec's baseline sets (names that do not resolve are the baseline check's
-    to report): a default space keeps them tuned."""
-    if not isinstance(raw, dict):
-        return frozenset()
-    fields = set()
-    for name in raw:
-        try:
-            fields.add(canonical_field(name))
-        except (KeyError, TypeError, AttributeError):
-            continue
-    return frozenset(fields)
+def _baseline_values(raw: Any) -> dict[str, Any]:
+    """Strategy field -> value for each key the spec's baseline sets, each value checked (errors name
+    `baseline.<key>`); empty without a baseline. A default space is widened to hold them."""
+    if raw is None:
+        return {}
+    data = _mapping(raw, "baseline")
+    return {field: _strategy_value(field, data[name], f"baseline.{name}") for name, field in _names(data, "baseline")}
 
 
-def _search_space(raw: Any, w: Workload, keep: frozenset[str] = frozenset()) -> SearchSpace:
-    """The search space; a default one (no tunables) keeps the fields in `keep` tuned."""
+def _search_space(raw: Any, w: Workload, baseline: dict[str, Any]) -> SearchSpace:
+    """The search space; a default one (no tunables) holds the `baseline`'s values."""
     data = _mapping(raw, "search_space")
     unknown = set(data) - {"tunables", "fixed"}
     if unknown:
@@ -428,7 +423,7 @@ def _search_space(raw: Any, w: Workload, keep: frozenset[str] = frozenset()) -> 
     for name, field in _names(fixed, "search_space.fixed"):
         _strategy_value(field, fixed[name], f"search_space.fixed.{name}")
     try:
-        space = SearchSpace.build(w, tunables, fixed, keep)
+        space = SearchSpace.build(w, tunables, fixed, baseline)
     except (KeyError, ValueError) as exc:
         text = exc.args[0] if exc.args else str(exc)
         field, _, reason = text.partition(": ")
@@ -501,13 +496,10 @@ def _first_valid(space: SearchSpace, w: Workload) -> Strategy | None:
     return None
 
 
-def _baseline(raw: Any, w: Workload, space: SearchSpace) -> Strategy | None:
-    if raw is None:
+def _baseline(given: dict[str, Any] | None, w: Workload, space: SearchSpace) -> Strategy | None:
+    """The baseline strategy from its checked values (`_baseline_values`): valid and inside the space."""
+    if given is None:
         return None
-    data = _mapping(raw, "baseline")
-    given = {}
-    for name, field in _names(data, "baseline"):
-        given[field] = _strategy_value(field, data[name], f"baseline.{name}")
     merged = {**space.fixed, **given}
     try:
         strategy = strategy_from_mapping(merged)
@@ -639,9 +631,10 @@ def parse_spec(data: Any, origin: Path | None = None, *, origin_name: str | None
             raise SpecError(str(key)[:60], f"unknown field; known: {', '.join(sorted(known))}")
     name, seed = _name(data.get("name", _default_name(origin_name))), _seed(data.get("seed", 0))
     w = _workload(data.get("workload"))
-    space = _search_space(data.get("search_space"), w, _baseline_fields(data.get("baseline")))
+    given = _baseline_values(data.get("baseline"))
+    space = _search_space(data.get("search_space"), w, given)
     _check_feasible(w, space)
-    baseline = _baseline(data.get("baseline"), w, space)
+    baseline = _baseline(given if data.get("baseline") is not None else None, w, space)
     budget = _validated(Budget, _mapping(data.get("budget"), "budget"), "budget")
     _check_limits(budget, "budget")
     launcher = _launcher(data.get("launcher"))

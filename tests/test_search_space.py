@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from optico.candidates import candidate_pool
 from optico.rules import is_valid
 from optico.spec import load_spec
@@ -93,3 +95,52 @@ def test_a_trimmed_default_space_never_contradicts_a_fixed_knob():
     assert not {"overlap_grad_reduce", "overlap_param_gather"} & set(space.trimmed)
     assert space.fixed["use_distributed_optimizer"] is False and "overlap_grad_reduce" in space.tunables
     assert any(True for _ in space.enumerate(spec.workload))
+
+
+def test_a_default_space_holds_a_published_layout_the_baseline_gives():
+    """Llama 3.1 405B as Megatron-Bridge runs it on 1,024 H100s (126 layers + embedding + loss = 128 =
+    PP8 x VPP8 x 2): PP 8 and the pipeline-split flags are beyond the default domains, and were refused."""
+    from optico.spec import parse_spec_text
+
+    text = ("workload:\n  model: llama3.1-405b\n  seq_length: 8192\n  global_batch_size: 512\n"
+            "  cluster: {gpu: h100-sxm, gpus_per_node: 8, nodes: 128}\n"
+            "baseline: {tp: 8, pp: 8, vpp: 8, cp: 2, mbs: 1, sp: true, use_distributed_optimizer: true,\n"
+            "  account_for_embedding_in_pipeline_split: true, account_for_loss_in_pipeline_split: true,\n"
+            "  tp_comm_overlap: true}\n")
+    spec = parse_spec_text(text, origin_name="405b.yaml")
+    space = spec.search_space
+    assert 8 in space.tunables["pipeline_model_parallel_size"] and 8 in space.tunables[
+        "virtual_pipeline_model_parallel_size"]
+    # Flags beyond the default knobs are tuned between Megatron's default and the baseline's value.
+    for flag in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "tp_comm_overlap"):
+        assert space.tunables[flag] == [False, True]
+    assert spec.baseline.pipeline_model_parallel_size == 8 and spec.baseline.tp_comm_overlap is True
+    assert space.contains(spec.baseline)
+
+
+def test_a_baseline_outside_named_tunables_is_still_refused():
+    from optico.spec import SpecError, parse_spec_text
+
+    text = _spec_text("llama3-70b", 8, "search_space: {tunables: {tp: [1, 2], pp: [1, 2]}}\nbaseline: {tp: 4}\n")
+    with pytest.raises(SpecError, match="baseline: outside the search space: tensor_model_parallel_size=4"):
+        parse_spec_text(text, origin_name="named.yaml")
+
+
+def test_a_baseline_setting_every_recipe_flag_does_not_make_the_default_space_too_large():
+    """Qwen3-30B-A3B as Megatron-Bridge's recipe runs it: with every recipe flag set by the baseline,
+    no group could be fixed at the recipe's values, and the space (1.8 M) was refused."""
+    from optico.search_space import DEFAULT_SPACE_LIMIT
+    from optico.spec import parse_spec_text
+
+    flags = {"use_distributed_optimizer": True, "overlap_grad_reduce": True, "overlap_param_gather": True,
+             "moe_token_dispatcher_type": "alltoall", "moe_grouped_gemm": True, "cross_entropy_loss_fusion": False}
+    baseline = ", ".join(f"{k}: {str(v).lower()}" for k, v in flags.items())
+    spec = parse_spec_text(_spec_text("qwen3-30b-a3b", 2, f"baseline: {{tp: 1, pp: 1, ep: 16, {baseline}}}\n"),
+                           origin_name="moe.yaml")
+    space = spec.search_space
+    assert 0 < space.size() <= DEFAULT_SPACE_LIMIT
+    # Fixed at the baseline's values (the fusion off, against the recipe's on), only as many as needed.
+    assert space.trimmed and all(space.trimmed[f] == flags[f] for f in space.trimmed)
+    assert space.trimmed.get("cross_entropy_loss_fusion", False) is False
+    assert "the baseline's, where it sets them" in space.trimmed_text()
+    assert space.contains(spec.baseline)

@@ -52,7 +52,10 @@ def _usage_field(exc: typer.TyperException) -> str:
 
 def _usage_reason(exc: typer.TyperException) -> str:
     possibilities = getattr(exc, "possibilities", None)
-    if getattr(exc, "option_name", None) and possibilities is not None:  # an unknown option
+    option = getattr(exc, "option_name", None) or ""
+    if option[:1] == "-" and option[1:].replace(".", "", 1).isdigit():  # `jobs show -1`: click reads an option
+        return "a negative number, where only an id or a count of 1 or more goes"
+    if option and possibilities is not None:  # an unknown option
         reason = "no such option"
         if possibilities:
             reason += f" (did you mean {', '.join(sorted(possibilities))}?)"

@@ -248,7 +248,7 @@ def tune(
     if json_path:
         check_output_path(json_path, "--json")
     # Imported after every input is checked: a bad input fails fast, without loading LangGraph.
-    from optico.pool.lifecycle import IllegalTransition, JobStatus, LeaseHeld
+    from optico.pool.lifecycle import IllegalTransition, JobStatus, LeaseHeld, NothingToResume
     from optico.report import job_result
     from optico.runner import LeasePolicy, run_job
 
@@ -303,7 +303,7 @@ def tune(
                             run_job(store, url, job_id, on_event=on_event, policy=policy)
                     else:
                         run_job(store, url, job_id, on_event=on_event, policy=policy)
-        except (LeaseHeld, IllegalTransition) as exc:
+        except (LeaseHeld, IllegalTransition, NothingToResume) as exc:
             fail(str(exc))
         except KeyboardInterrupt as exc:
             # Said from the pool, not assumed: a job already stopping ends stopped, not resumable.

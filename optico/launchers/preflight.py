@@ -131,6 +131,31 @@ def _check_ray_address(address: str | None) -> None:
                                             f"{exc.strerror or type(exc).__name__}") from None
 
 
+def _ray_starts_here(launcher) -> bool:
+    """Whether ray.init() will start a new Ray cluster on this machine (`address: local`, or none given
+    and none running), so this machine's checks apply. `auto`, or none given, with a cluster recorded
+    on this machine (RAY_ADDRESS, the last `ray start`): that cluster must answer, or no job is made."""
+    if launcher.address == "local":
+        return True
+    if launcher.address not in (None, "auto"):
+        return False
+    try:
+        from ray._private.services import get_ray_address_from_environment  # what ray.init() reads
+    except ImportError:  # a Ray without it: ray.init() decides at the first launch
+        return False
+    try:
+        found = get_ray_address_from_environment(launcher.address, launcher.ray_init.get("_temp_dir"))
+    except ConnectionError:
+        raise SpecError("launcher.address", "auto, and no Ray cluster runs on this machine (start one with "
+                                            "`ray start --head`, set RAY_ADDRESS, or use address: local for a "
+                                            "new one per job)") from None
+    if found is None:
+        return True
+    if found != "auto":
+        _check_ray_address(found)
+    return False
+
+
 def _check_ray(spec, world: int) -> int | None:
     """Ray importable, its cluster reachable, ray_init's keywords real; the logical GPUs ray_init
     declares, if any."""
@@ -175,7 +200,7 @@ def check_launch(spec) -> None:
     logical = None
     if launcher.kind == "ray":
         logical = _check_ray(spec, w.world_size)
-        on_this_machine = launcher.address == "local"  # a new Ray cluster on this machine
+        on_this_machine = _ray_starts_here(launcher)  # a new Ray cluster on this machine
     if not on_this_machine:
         return
     for problem in _program_needs(spec):

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from optico.errors import SpecError
-from optico.input_files import MAX_JSON_BYTES, json_problem, read_text
+from optico.input_files import MAX_JSON_BYTES, json_problem, read_text, unique_keys
 
 DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
 CALIBRATION_ENV = "OPTICO_CALIBRATION"
@@ -134,23 +134,12 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a finite number")
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys appear once: a repeated constant is an error, not "the last one wins"
-    (as in specs)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key[:60]!r}")
-        out[key] = value
-    return out
-
-
 def read_calibration(path: Path, field: str = "calibration") -> Constants:
     """The performance-model constants in `path` (JSON from `optico perfmodel calibrate`),
     checked field by field; SpecError naming `field.<constant>` otherwise."""
     text = read_text(path, field, "calibration JSON", MAX_JSON_BYTES)
     try:
-        data = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+        data = json.loads(text, parse_constant=_no_constant, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise SpecError(field, f"{path.name} is not valid JSON at line {exc.lineno}, column {exc.colno}: "
                                f"{exc.msg}") from None

@@ -69,6 +69,16 @@ class IllegalTransition(LifecycleError):
         super().__init__(f"job {job_id} is {current.value}; it cannot become {wanted.value}")
 
 
+class NothingToResume(LifecycleError):
+    """A failed job whose loop ran to its end (stopped with no trial succeeded, nothing fits, every
+    launch failed): resuming it would run nothing. Only a run that broke is resumed."""
+
+    def __init__(self, job_id: int, reason: str | None):
+        self.job_id = job_id
+        super().__init__(f"job {job_id} failed at the end of its loop ({reason or 'no reason recorded'}): nothing is "
+                         f"left to resume; submit it again (a larger budget, a wider search space)")
+
+
 class LeaseHeld(LifecycleError):
     """Another live worker holds the job."""
 

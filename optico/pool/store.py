@@ -30,6 +30,7 @@ from optico.pool.lifecycle import (
     JobStatus,
     LeaseHeld,
     LeaseLost,
+    NothingToResume,
     LifecycleError,
     NoNewTrial,
     check_transition,
@@ -385,6 +386,8 @@ class SqlStore(ScheduleSql, TokenSql, Store):
             if worker is not None and row.lease_owner != worker:
                 raise LeaseLost(job_id, worker, row.lease_owner)
             check_transition(job_id, current, to)
+            if to is JobStatus.QUEUED:
+                self._check_resumable(s, row)
             now = self._now(s)
             lease_live = row.lease_owner is not None and row.lease_expires_at is not None \
                 and as_utc(row.lease_expires_at) > now
@@ -429,6 +432,7 @@ class SqlStore(ScheduleSql, TokenSql, Store):
                 status = JobStatus(row.status)
                 if status.finished:
                     raise IllegalTransition(job_id, status, JobStatus.RUNNING)
+                self._check_resumable(s, row)
                 expires = as_utc(row.lease_expires_at) if row.lease_expires_at is not None else None
                 if row.lease_owner not in (None, worker) and expires is not None and expires > now:
                     raise LeaseHeld(job_id, row.lease_owner, expires)
@@ -446,6 +450,15 @@ class SqlStore(ScheduleSql, TokenSql, Store):
                 if row is None:
                     return None
             return _job(self._take(s, row, worker, lease_s, now))
+
+    def _check_resumable(self, s: Session, row: JobRow) -> None:
+        """Raises NothingToResume for a failed job whose loop ended (its `job_done` is logged): the loop
+        would start at its end and run nothing, and its stop reason would be lost."""
+        if row.status != JobStatus.FAILED.value:
+            return
+        ended = s.scalar(select(EventRow.id).where(EventRow.job_id == row.id, EventRow.kind == "job_done").limit(1))
+        if ended is not None:
+            raise NothingToResume(row.id, row.stop_reason)
 
     def settle_abandoned_cancels(self, job_id: int | None = None) -> int:
         """Settles every job (or job `job_id`) cancelled while its worker looked alive, whose lease has

@@ -51,9 +51,11 @@ METADATA_ADDRESSES = frozenset(map(ipaddress.ip_address, ("100.100.100.200", "fd
 def _local(address: str) -> bool:
     """An address a webhook may not reach from the server (see the module docstring)."""
     ip = ipaddress.ip_address(address.split("%")[0])
-    ip = ip.ipv4_mapped or ip if isinstance(ip, ipaddress.IPv6Address) else ip
-    return (ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip.is_multicast or ip.is_reserved
-            or ip in METADATA_ADDRESSES)
+    candidates: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = [ip]
+    if isinstance(ip, ipaddress.IPv6Address):  # an IPv4 address inside: mapped, 6to4 or Teredo's client
+        candidates += [a for a in (ip.ipv4_mapped, ip.sixtofour, ip.teredo and ip.teredo[1]) if a]
+    return any(a.is_loopback or a.is_link_local or a.is_unspecified or a.is_multicast or a.is_reserved
+               or a in METADATA_ADDRESSES for a in candidates)
 
 
 def _allow_local() -> bool:

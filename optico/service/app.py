@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from optico import __version__
 from optico.pool.contract import StoreError
+from optico.input_files import DuplicateKeyError
 from optico.pool.store import SqlStore
 from optico.redact import redact, scrub
 from optico.service import dashboard
@@ -49,6 +50,8 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline';
 # FastAPI's /docs and /redoc pages load Swagger UI / ReDoc from jsDelivr and start them with an
 # inline script; they show no user data, so only they may.
 DOCS_PATHS = ("/docs", "/redoc")
+# Headers a request may give once: two copies are read differently by Starlette and by a proxy or a log.
+SINGLE_HEADERS = ("authorization", "idempotency-key")
 DOCS_CSP = ("default-src 'none'; script-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net; "
             "style-src 'self' 'unsafe-inline' https://cdn.jsdelivr.net https://fonts.googleapis.com; "
             "img-src 'self' data: https://fastapi.tiangolo.com https://cdn.redoc.ly; "
@@ -136,10 +139,12 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
 
     @app.middleware("http")
     async def refuse_ambiguous_requests(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's signature
-        # Two Authorization headers: Starlette reads the first, a proxy or a log may read the other.
-        if len(request.headers.getlist("authorization")) > 1:
-            return JSONResponse({"detail": [{"loc": ["header", "authorization"], "msg": "given more than once",
-                                             "type": "value_error"}]}, status_code=status.HTTP_400_BAD_REQUEST)
+        # Two Authorization (or Idempotency-Key) headers: Starlette reads the first, a proxy or a log
+        # may read the other.
+        for header in SINGLE_HEADERS:
+            if len(request.headers.getlist(header)) > 1:
+                return JSONResponse({"detail": [{"loc": ["header", header], "msg": "given more than once",
+                                                 "type": "value_error"}]}, status_code=status.HTTP_400_BAD_REQUEST)
         refused = _refused_parameter(request)
         if refused is not None:
             answered = await _unauthenticated_api_call(request)  # the token first, as for every bad request
@@ -287,6 +292,8 @@ def _body_problem(cause: BaseException | None) -> str | None:
     a decoding error)."""
     if isinstance(cause, UnicodeDecodeError):
         return "the body is not UTF-8 text"
+    if isinstance(cause, DuplicateKeyError):
+        return f"the body gives a {cause}"
     if isinstance(cause, RecursionError):
         return "the body is nested too deep"
     if isinstance(cause, ValueError) and "digits" in str(cause):
@@ -305,6 +312,11 @@ def _shown_error(request: Request, error: dict) -> dict:
         kind = request.headers.get("content-type", "").split(";")[0].strip()[:60]
         return {"loc": ["body"], "msg": f"the body was sent as {kind!r}; send it as application/json",
                 "type": "content_type"}
+    if error.get("type") == "json_invalid":  # FastAPI's own: it echoes an empty object, never sent
+        at = error["loc"][1] if len(error.get("loc", ())) > 1 else None
+        where = f" at character {at}" if isinstance(at, int) else ""
+        return {"loc": ["body"], "msg": f"the body is not valid JSON: {(error.get('ctx') or {}).get('error', '')}{where}",
+                "type": "json_invalid"}
     loc = tuple(error.get("loc", ()))
     # An Idempotency-Key, and a webhook URL (its path is the receiver's secret), are never quoted.
     if loc[:1] == ("header",) or loc[-1:] == ("webhook_url",):

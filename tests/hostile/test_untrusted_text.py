@@ -129,6 +129,17 @@ def test_a_path_ending_in_a_secret_word_is_not_a_secret_assignment():
     assert "hunter22" not in redact('{"secret": "hunter22"}')
 
 
+@pytest.mark.parametrize("text", ["DB_PASSWORD=hunter22", "PGPASSWORD=hunter22", "export MYSQL_ROOT_PASSWORD=hunter22",
+                                  "postgresql://u@db.example.com/prod?sslpassword=hunter22",
+                                  "AWS_SECRET_ACCESS_KEY=hunter22/K7MDENG", '{"db_password": "hunter22"}'])
+def test_a_secret_word_inside_a_variable_name_is_an_assignment(text: str):
+    """The keyword anywhere in the name, as environment variables and connection options spell it
+    (they were printed and stored in clear: the pattern wanted the keyword at a word's start)."""
+    from optico.redact import redact
+
+    assert "hunter22" not in redact(text)
+
+
 def test_a_markdown_cell_keeps_an_arrow_and_still_opens_no_tag():
     # 'predicted step 130 s -> 128 s' read '-&gt;' in a terminal; a '<' still opens no tag.
     from optico.textsafe import markdown_text as _md

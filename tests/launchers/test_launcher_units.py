@@ -321,3 +321,26 @@ def test_the_ray_master_port_is_drawn_below_the_ephemeral_range():
     ports = {_free_port("127.0.0.1") for _ in range(20)}
     assert all(max(1024, low - PORT_SPAN) <= port < low for port in ports), (low, ports)
     assert len(ports) > 1  # drawn, not the same port every trial
+
+
+def test_ray_without_an_address_and_no_cluster_is_checked_as_a_new_local_cluster(tmp_path, monkeypatch):
+    """No address and no Ray cluster recorded on this machine: ray.init() starts one here, so this
+    machine's checks apply before a job exists (they were skipped, and the job failed at its first
+    launch). `auto` or no address with a recorded cluster that does not answer is refused too."""
+    import yaml
+
+    from optico.launchers.preflight import check_launch
+    from tests.conftest import EXAMPLES
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    data = yaml.safe_load((EXAMPLES / "tiny-gpt-cpu.yaml").read_text())
+    data["launcher"].update(kind="ray", address=None, ray_init={"num_cpus": 2, "_temp_dir": str(tmp_path)})
+    with pytest.raises(SpecError) as refused:
+        check_launch(parse_spec(data))
+    assert refused.value.field == "launcher.ray_init.num_gpus"  # a CPU workload on a local cluster: declare GPUs
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # recorded, dead
+    for address in (None, "auto"):
+        data["launcher"].update(address=address, ray_init={"num_cpus": 2, "num_gpus": 2, "_temp_dir": str(tmp_path)})
+        with pytest.raises(SpecError, match="no Ray cluster answers at 127.0.0.1:1") as refused:
+            check_launch(parse_spec(data))
+        assert refused.value.field == "launcher.address"

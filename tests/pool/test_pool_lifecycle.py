@@ -445,3 +445,27 @@ def test_search_jobs_sorts_and_pages_in_sql(store: SqlStore) -> None:
     assert store.search_jobs(status=S.CANCELLED)[1] == 1
     with pytest.raises(ValueError, match="sort"):
         store.search_jobs(sort="spec; DROP TABLE optico_jobs")
+
+
+def test_a_job_whose_loop_ended_failed_is_not_resumed_and_a_broken_run_is(store: SqlStore) -> None:
+    """Stopped before any trial succeeded, the loop ends the job failed (`complete_job`, its job_done
+    logged). Resumed, its graph started at its end and ran nothing, and "finished" overwrote the stop
+    reason: refused instead, by the API, `jobs resume` and `tune --resume` alike."""
+    from optico.loop import complete_job
+    from optico.pool.lifecycle import NothingToResume
+
+    ended = put_in(store, S.RUNNING)
+    complete_job(store, ended, "w1", "stopped on request")
+    store.release_lease(ended, "w1")
+    assert store.get_job(ended).status is S.FAILED
+    events = len(store.events(ended))
+    with pytest.raises(NothingToResume, match=r"failed at the end of its loop \(stopped on request\)"):
+        store.transition(ended, S.QUEUED, reason="resumed on request")
+    with pytest.raises(NothingToResume):
+        store.claim_job("tune", 60, job_id=ended)
+    after = store.get_job(ended)
+    assert after.status is S.FAILED and after.stop_reason == "stopped on request" and len(store.events(ended)) == events
+    broken = put_in(store, S.RUNNING)
+    store.transition(broken, S.FAILED, reason="ConnectionError: the Ray cluster went away", worker="w1")
+    store.release_lease(broken, "w1")
+    assert store.transition(broken, S.QUEUED, reason="resumed on request").status is S.QUEUED

@@ -125,7 +125,9 @@ def test_only_http_urls_with_a_host(url: str, reason: str) -> None:
                                  "http://127\u30020\u30020\u30021/x",
                                  # cloud metadata services outside link-local (Alibaba, AWS over IPv6, Oracle)
                                  "http://100.100.100.200/latest/meta-data", "http://[fd00:ec2::254]/latest",
-                                 "http://192.0.0.192/opc/v1/instance/"])
+                                 "http://192.0.0.192/opc/v1/instance/",
+                                 # 169.254.169.254 inside IPv6: 6to4, Teredo's client
+                                 "http://[2002:a9fe:a9fe::]/x", "http://[2001:0:4136:e378:8000:63bf:5601:5601]/x"])
 def test_loopback_and_link_local_receivers_are_refused_unless_allowed(url: str, monkeypatch: pytest.MonkeyPatch):
     # Anyone with a write token sets a schedule's URL; the server would POST from inside the network.
     monkeypatch.delenv("OPTICO_WEBHOOK_ALLOW_LOCAL", raising=False)

@@ -332,7 +332,11 @@ def test_undecodable_json_bodies_get_422_with_the_reason_on_every_endpoint(serve
     service, tokens = served
     http = client(service, tokens["write"])
     bodies = [(b'{"max_trials": "\xff"}', "not UTF-8"), (b"[" * 100_000 + b"]" * 100_000, "nested too deep"),
-              (b'{"max_trials": ' + b"9" * 5000 + b"}", "too many digits")]
+              (b'{"max_trials": ' + b"9" * 5000 + b"}", "too many digits"),
+              # json.loads guessed UTF-16 from a byte-order mark; the last of two keys won (max_trials 4).
+              (b'\xff\xfe{"max_trials": 3}', "not UTF-8"), (b'{"max_trials": 3, "max_trials": 4}', "duplicate key 'max_trials'"),
+              (b'{"spec": {"a": 1, "a": 2}}', "duplicate key 'a'"),
+              (b"not json", "not valid JSON: Expecting value at character 0")]
     for method, path in (("PATCH", "/api/v1/jobs/1"), ("POST", "/api/v1/schedules")):
         for content, reason in bodies:
             response = http.request(method, path, content=content, headers={"Content-Type": "application/json"})
@@ -512,6 +516,10 @@ def test_odd_but_well_formed_requests_get_4xx_not_500(served: tuple[Service, dic
     twice = httpx.get(f"{service.url}/api/v1/jobs", headers=[("Authorization", f"Bearer {tokens['write']}"),
                                                              ("Authorization", "Bearer optico_w_forged")])
     assert twice.status_code == 400 and twice.json()["detail"][0]["loc"] == ["header", "authorization"]
+    # Two Idempotency-Keys: the first was kept, and the second made a new job on its own later.
+    twice = http.post("/api/v1/jobs", json=spec("two-keys", max_trials=1),
+                      headers=[("Idempotency-Key", "a"), ("Idempotency-Key", "b")])
+    assert twice.status_code == 400 and twice.json()["detail"][0]["loc"] == ["header", "idempotency-key"]
     # Non-finite numbers in a body: FastAPI's 422 echoed them, and JSON cannot carry them (a 500).
     job = submit(http, spec("odd-requests", max_trials=1)).json()
     for body in ('{"gpu_hours": 1e400}', '{"gpu_hours": NaN}', '{"max_trials": true}', '{"max_trials": "5"}'):

@@ -25,9 +25,10 @@ from optico.service.schemas import (
     message_view,
     trial_view,
 )
+from optico.service.strict_json import StrictJsonRoute
 from optico.spec import SpecError
 
-router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"], route_class=StrictJsonRoute)
 
 SPEC_BODY = {
     "requestBody": {

@@ -21,9 +21,10 @@ from optico.retune.webhook import check_webhook_url, where
 from optico.service.bodies import spec_from_body
 from optico.service.deps import DIGITS, SQL_INT_MAX, ReadToken, SettingsDep, StoreDep, WriteToken
 from optico.service.schemas import Problem
+from optico.service.strict_json import StrictJsonRoute
 from optico.spec import SpecError
 
-router = APIRouter(prefix="/api/v1/schedules", tags=["schedules"])
+router = APIRouter(prefix="/api/v1/schedules", tags=["schedules"], route_class=StrictJsonRoute)
 ERRORS = {401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem}, 409: {"model": Problem}}
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
