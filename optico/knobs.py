@@ -447,6 +447,7 @@ KNOBS: tuple[Knob, ...] = (
          flags=("--account-for-embedding-in-pipeline-split",), render="switch", since=2, layout=True,
          domain=_bools, mcore=("transformer", "account_for_embedding_in_pipeline_split"),
          requires=(_SPLIT_VS_UNEVEN,),
+         inert=lambda s: s.pipeline_model_parallel_size == 1,  # one stage is first and last: nothing to move
          # No single-knob probe: switching it alone always breaks a split that was valid (L vs L+1).
          effect="one layer fewer on the first stage", terms=("activations_gib",)),
     Knob("account_for_loss_in_pipeline_split", "LOSS_IN_PP_SPLIT", bool, False,
@@ -455,6 +456,7 @@ KNOBS: tuple[Knob, ...] = (
          flags=("--account-for-loss-in-pipeline-split",), render="switch", since=2, layout=True,
          domain=_bools, mcore=("transformer", "account_for_loss_in_pipeline_split"),
          requires=(_SPLIT_VS_UNEVEN,),
+         inert=lambda s: s.pipeline_model_parallel_size == 1,
          effect="one layer fewer on the last stage", terms=("compute_s",)),
     Knob("cpu_offloading_num_layers", "AC_OFFLOAD_LAYERS", NonNegativeInt, 0,
          "Activation offloading: the activations of this many layers go to host memory during the forward "

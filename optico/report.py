@@ -40,6 +40,36 @@ def _best(trials: list[Trial]) -> Trial | None:
     return max(ok, key=lambda t: t.metrics.mfu) if ok else None
 
 
+# A best whose measured peak leaves less than this share of the GPU's memory free is flagged: a run of
+# days meets batches, checkpoints and allocator fragmentation a tuning run's few steps did not.
+TIGHT_MEMORY = 0.05
+
+
+def _headroom(t: Trial, limit_gib: float) -> float | None:
+    """The share of the GPU's memory trial `t`'s measured peak left free (None: not measured)."""
+    limit = t.metrics.mem_limit_gib or limit_gib
+    if t.metrics.mem_max_gib is None or not limit:
+        return None
+    return 1 - t.metrics.mem_max_gib / limit
+
+
+def memory_note(best: Trial, trials: list[Trial], limit_gib: float) -> str | None:
+    """A warning when the best configuration's measured peak leaves under TIGHT_MEMORY of the GPU's
+    memory free, naming the best trial with more room (None when there is room)."""
+    room = _headroom(best, limit_gib)
+    if room is None or room >= TIGHT_MEMORY:
+        return None
+    note = (f"its measured peak, {best.metrics.mem_max_gib:.1f} GiB, leaves {max(room, 0):.1%} of the GPU's memory "
+            f"free: a long run (other batches, checkpoints, allocator fragmentation) may run out")
+    roomy = [t for t in trials if t.status == TrialStatus.OK and t.metrics
+             and (r := _headroom(t, limit_gib)) is not None and r >= TIGHT_MEMORY]
+    if roomy:
+        alt = max(roomy, key=lambda t: t.metrics.mfu)
+        note += (f"; the best with {TIGHT_MEMORY:.0%} free is trial {alt.index} ({alt.strategy.short()}, MFU "
+                 f"{alt.metrics.mfu:.1%}, {alt.metrics.mem_max_gib:.1f} GiB)")
+    return note
+
+
 def _baseline(job_spec_baseline: Strategy | None, trials: list[Trial]) -> tuple[Strategy | None, Trial | None]:
     strategy = job_spec_baseline or (trials[0].strategy if trials else None)
     trial = next((t for t in trials if strategy and t.signature == strategy.signature()
@@ -72,6 +102,7 @@ def job_result(store: Store, job_id: int) -> dict[str, Any]:
             "mfu": best.metrics.mfu,
             "tflops_per_gpu": best.metrics.tflops_per_gpu,
             "megatron_args": best.strategy.run_args(job.spec.workload),
+            "memory_note": memory_note(best, trials, job.spec.workload.cluster.spec.memory_gib),
         },
         "reasoner": {**job.spec.reasoner.model_dump(mode="json"), "llm": llm_usage(messages)},
         "gpu_hours": sum(t.gpu_seconds for t in trials) / 3600,
@@ -207,7 +238,8 @@ def job_report(store: Store, job_id: int, *, tokens: float | None = None) -> dic
         "best": None if best is None else {
             "trial": best.index, "mfu": best.metrics.mfu, "tflops_per_gpu": best.metrics.tflops_per_gpu,
             "tokens_per_s_per_gpu": best.metrics.tokens_per_s_per_gpu, "strategy": best.strategy.short(),
-            "megatron_args": args, "flags": flag_groups(args)},
+            "megatron_args": args, "flags": flag_groups(args),
+            "memory_note": memory_note(best, trials, workload.cluster.spec.memory_gib)},
         "improvement_over_baseline": improvement,
         "path": path,
         "failures": failures,
@@ -233,6 +265,8 @@ def report_markdown(report: dict[str, Any]) -> str:
                 f"TFLOP/s/GPU) vs baseline {_pct(base['mfu'])} ({base['source']})"
                 + (f": **{gain:+.1%}**" if gain is not None else ""), "",
                 "```sh", " ".join(best["megatron_args"]), "```", ""]
+        if best.get("memory_note"):
+            out += [f"**Memory:** {markdown_text(best['memory_note'])}.", ""]
     else:
         out += ["No successful trial.", ""]
     out += [f"Trials: {report['trials']}, GPU-hours spent: {report['gpu_hours_spent']:.1f}", ""]

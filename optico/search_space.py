@@ -39,6 +39,24 @@ _UNEVEN = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layer
            "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 
 
+# The embedding and the loss counted as layers in the pipeline split (Megatron-Bridge's Llama 3.1 405B
+# recipe: 126 + 2 = 128 layers over PP 8 or 16).
+_SPLIT = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+
+
+def _pp_with_split(w: Workload) -> dict[int, int]:
+    """PP sizes the layer count does not divide but the layers plus the embedding and/or the loss do,
+    with the layers per stage so counted: for layer counts few PP sizes divide (126 layers on 2^k
+    GPUs: PP 1 or 2 alone, and nothing fits a 405B there)."""
+    layers, out = w.model.num_layers, {}
+    for p in range(2, min(16, layers, w.world_size) + 1):
+        if w.world_size % p == 0 and layers % p:
+            counted = next((layers + extra for extra in (1, 2) if (layers + extra) % p == 0), None)
+            if counted is not None:
+                out[p] = counted // p
+    return out
+
+
 def default_domain(field: str, w: Workload) -> list[Any]:
     """The values worth trying for `field` on workload `w` (before pairwise validity)."""
     knob = BY_NAME.get(field)
@@ -74,6 +92,7 @@ class SearchSpace(BaseModel):
 
         Raises KeyError for an unknown field and ValueError for a bad value, naming it."""
         baseline = dict(baseline or {}) if tunables is None else {}
+        split: dict[int, int] = {}
         if tunables is None:
             pinned = {canonical_field(k) for k in fixed or {}}
             names: dict[str, list[Any] | None] = {f: None for f in DEFAULT_TUNABLES if f not in pinned}
@@ -82,12 +101,17 @@ class SearchSpace(BaseModel):
             for field, value in baseline.items():
                 if field not in names and field not in pinned and field not in FULL_RECOMPUTE_DETAILS:
                     names[field] = [BY_NAME[field].default, value]
+            # A layer count few PP sizes divide: the sizes the embedding and loss in the split make even
+            # join PP, those two flags tuned (unless the spec or the baseline decides the split).
+            if not pinned & {"pipeline_model_parallel_size", *_UNEVEN} and not any(f in names for f in _UNEVEN):
+                split = _pp_with_split(w)
+                names.update({field: None for field in _SPLIT if split})
         elif isinstance(tunables, list):
             names = {t: None for t in tunables}
         else:
             names = dict(tunables)
         resolved = {canonical_field(raw): (raw, values) for raw, values in names.items()}
-        uneven = any(f in resolved for f in _UNEVEN)
+        uneven = not split and any(f in resolved for f in _UNEVEN)
         domains: dict[str, list[Any]] = {}
         for field, (raw, values) in resolved.items():
             if values is None:
@@ -98,6 +122,10 @@ class SearchSpace(BaseModel):
                 if not isinstance(values, list) or not values:
                     raise ValueError(f"search_space.tunables.{raw}: must be a non-empty list of values")
                 domain = [_coerce(field, v, f"search_space.tunables.{raw}") for v in values]
+            if field == "pipeline_model_parallel_size" and split:
+                domain = sorted({*domain, *split})
+            if field == "virtual_pipeline_model_parallel_size" and split:
+                domain = [*domain, *(v for v in range(2, 9) if any(n % v == 0 for n in split.values()))]
             if field in baseline:
                 domain = [*domain, baseline[field]]
             domains[field] = list(dict.fromkeys(_normal(field, v) for v in domain))

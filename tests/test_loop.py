@@ -553,3 +553,24 @@ launcher: {kind: sim}
         assert job.status is JobStatus.FAILED and len(store.trials(job_id)) == 1
         assert job.stop_reason.startswith("search space exhausted: the guard admits none of its ")
         assert "predicted-oom" in job.stop_reason and "1 duplicate" in job.stop_reason
+
+
+def test_a_best_with_little_memory_left_is_flagged_with_the_best_that_has_room():
+    """A best measured at 99 % of the GPU's memory ran a few steps; a run of days may not fit. The
+    report says so and names the best trial with 5 % free (a performance engineer's fallback)."""
+    from optico.report import memory_note
+    from optico.strategy import Strategy
+    from optico.trial import Metrics, Trial, TrialStatus
+
+    def trial(index: int, mfu: float, mem: float | None) -> Trial:
+        strategy = Strategy(micro_batch_size=index)
+        return Trial(id=index, job_id=1, index=index, strategy=strategy, signature=strategy.signature(),
+                     status=TrialStatus.OK, metrics=Metrics(step_time_s=1, tflops_per_gpu=400, mfu=mfu,
+                                                            tokens_per_s_per_gpu=1, mem_max_gib=mem, mem_limit_gib=80))
+
+    tight, roomy, roomier = trial(4, 0.40, 79.2), trial(2, 0.38, 70.0), trial(1, 0.30, 40.0)
+    note = memory_note(tight, [roomier, roomy, tight], 80)
+    assert note is not None and "79.2 GiB, leaves 1.0%" in note and "trial 2" in note and "38.0%" in note
+    assert memory_note(roomy, [roomy], 80) is None  # 12.5 % free
+    assert memory_note(trial(3, 0.4, None), [], 80) is None  # not measured: nothing claimed
+    assert "the best with" not in memory_note(tight, [tight], 80)  # no roomier trial: the warning alone

@@ -144,3 +144,26 @@ def test_a_baseline_setting_every_recipe_flag_does_not_make_the_default_space_to
     assert space.trimmed.get("cross_entropy_loss_fusion", False) is False
     assert "the baseline's, where it sets them" in space.trimmed_text()
     assert space.contains(spec.baseline)
+
+
+def test_a_default_space_splits_a_layer_count_few_pp_sizes_divide_with_the_embedding_and_loss():
+    """Llama 3.1 405B's 126 layers on 2^k GPUs: PP 1 and 2 alone divide them, and nothing fits a 405B
+    there (the default job failed: "no configuration ... is expected to fit"). Counting the embedding
+    and the loss as layers (128) makes PP 4, 8 and 16 even, as Megatron-Bridge's recipe runs it."""
+    from optico.candidates import candidate_pool
+    from optico.spec import parse_spec_text
+
+    spec = parse_spec_text("workload:\n  model: llama3.1-405b\n  seq_length: 8192\n  global_batch_size: 512\n"
+                           "  cluster: {gpu: h100-sxm, gpus_per_node: 8, nodes: 128}\n", origin_name="405b.yaml")
+    space, w = spec.search_space, spec.workload
+    assert space.tunables["pipeline_model_parallel_size"] == [1, 2, 4, 8, 16]
+    assert {2, 4, 8} <= set(space.tunables["virtual_pipeline_model_parallel_size"])  # 128 / 16 = 8 per stage
+    pool = candidate_pool(space, w)
+    deep = [s for s in pool if s.pipeline_model_parallel_size == 16]
+    assert deep and all(s.account_for_embedding_in_pipeline_split and s.account_for_loss_in_pipeline_split
+                        for s in deep)
+    # PP 1 has no split: the flags change nothing there, and the pool holds each launch once.
+    assert not any(s.account_for_embedding_in_pipeline_split for s in pool if s.pipeline_model_parallel_size == 1)
+    # A layer count PP divides evenly keeps the default space as it was.
+    dense = parse_spec_text(_spec_text("llama3-70b", 8), origin_name="dense.yaml").search_space
+    assert not {"account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"} & set(dense.tunables)

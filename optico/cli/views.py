@@ -92,6 +92,8 @@ def summary(result: dict[str, Any], console: Console, *, stop_reason: bool = Tru
             gain = best["mfu"] / base["mfu"] - 1
             line.append(f" vs baseline {base['mfu']:.1%} ({base['source']}): {gain:+.1%}")
         console.print(line)
+        if best.get("memory_note"):
+            console.print(Text.assemble(("memory: ", "yellow"), rich_text(best["memory_note"], one_line=True)))
     else:
         console.print(Text("no successful trial", style="red"))
     console.print(f"trials {len(result['trials'])}, failed {result['failed_trials']}, "
