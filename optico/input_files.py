@@ -90,6 +90,8 @@ def json_problem(exc: Exception) -> str:
 
 def decode_text(data: bytes, field: str, name: str, what: str) -> str:
     """UTF-8 text (a BOM allowed) without NUL characters, or SpecError(field)."""
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # Excel's "Unicode text", Windows editors
+        raise SpecError(field, f"{name} is UTF-16 text (it starts with a UTF-16 byte-order mark); save it as UTF-8")
     if b"\x00" in data:
         raise SpecError(field, f"{name} is binary (it holds NUL bytes), not a {what}")
     try:

@@ -51,16 +51,17 @@ _FSDP = re.compile(r"fsdp|zero[- ]?(stage[- ]?)?[23]\b|stage[- ]?[23]\b")
 
 _RECOMPUTE_NONE = frozenset({"none", "no", "off", "false", "disabled", "0", "no recompute", "no ac"})
 _RECOMPUTE_SELECTIVE = re.compile(r"^(selective|sel|partial|core[_ ]?attn|attention|recompute[- ]activations)")
-_RECOMPUTE_FULL = re.compile(r"^(full|yes|true|on|all|uniform|block|activation checkpointing|checkpoint)")
+# '--checkpoint-activations': Megatron-LM's flag for full recompute before --recompute-granularity.
+_RECOMPUTE_FULL = re.compile(r"^(?:--)?(full|yes|true|on|all|uniform|block|activation checkpointing|checkpoint)")
 _OFFLOAD = re.compile(r"offload")
 
 _RESULT = {
     "ok": ("ok", "success", "succeeded", "successful", "pass", "passed", "completed", "complete", "done", "ran",
-           "fit", "fits", "yes", "trained", "good"),
+           "fit", "fits", "yes", "trained", "good", "✓", "✔", "✅"),
     "oom": ("oom", "out of memory", "cuda oom", "oom error", "memory error", "cuda out of memory", "outofmemory",
             "out-of-memory"),
     "error": ("error", "fail", "failed", "failure", "crash", "crashed", "nan", "hang", "hung", "timeout",
-              "diverged", "invalid"),
+              "diverged", "invalid", "✗", "✘", "❌"),
 }
 
 
@@ -193,22 +194,35 @@ def _comma_read(found: re.Match) -> str:
         return digits.replace(",", ".")
     raise CellError(f"{digits[:40]!r} is neither a number with thousands separators nor one decimal comma")
 _SCALE = {"k": 1e3, "m": 1e6, "b": 1e9}
-# What no decimal is followed by: another decimal point ('1.2.3', a version) or a radix ('0x10', 0b1).
-_GLUED = re.compile(r"\.[0-9]", re.ASCII)
+# A count's scale is binary: '2K' tokens or samples, '16K' GPUs, '128K' context are 2048, 16384, 131072.
+_COUNT_SCALE = {"k": 2**10, "m": 2**20}
+# Digit groups of three after a space, a narrow or no-break space or an apostrophe: thousands separators
+# ('250 880', "14'336"), joined before the number is read (it was read as its first group: 250).
+_GROUPED = re.compile(r"(?<=[0-9])[ \u00a0\u2009\u202f'\u2019](?=[0-9]{3}(?![0-9]))")
+# A clock time, m:ss or h:mm:ss ('2:03.69' is 123.69 s).
+_CLOCK = re.compile(r"(?:([0-9]+):)?([0-9]+):([0-5][0-9](?:\.[0-9]*)?)", re.ASCII)
+# What no decimal is followed by: another decimal point ('1.2.3', a version), a colon (a clock time
+# where no time is read) or a radix ('0x10', 0b1).
+_GLUED = re.compile(r"[.:][0-9]", re.ASCII)
 _RADIX = re.compile(r"[xob][0-9a-f]", re.ASCII)
 
 
-def parse_number(cell: str | None, unit: str = "", header_unit: str = "") -> Any:
-    """A number as tables write it: '1,234.5', '~12', '45%', '39.9k', '850 ms', '80 GB'. `unit`
-    says what the column holds ('s', 'gib', 'fraction'); a unit in the cell is converted to it,
-    else the unit its header states (`header_unit`: 'Step time (ms)', 'MFU (%)'), once: a cell
-    '850 ms' under 'Step time (ms)' is 0.85 s, not 0.00085."""
-    text = _text(cell)
+def parse_number(cell: str | None, unit: str = "", header_unit: str = "", *, count: bool = False) -> Any:
+    """A number as tables write it: '1,234.5', '250 880', '~12', '45%', '39.9k', '850 ms', '2:03.69',
+    '80 GB', '1.2 TB'. `unit` says what the column holds ('s', 'gib', 'fraction', 'tflops'); a unit
+    in the cell is converted to it, else the unit its header states (`header_unit`: 'Step time
+    (ms)', 'MFU (%)'), once: a cell '850 ms' under 'Step time (ms)' is 0.85 s, not 0.00085. A
+    `count`'s K and M are binary ('2K' is 2048)."""
+    text = _GROUPED.sub("", _text(cell)).replace("\u2212", "-")  # a typeset minus is a minus
     if is_unknown(text):
         return UNKNOWN
     cleaned = _DIGIT_COMMAS.sub(_comma_read, text).replace(",", " ").replace("≈", "").replace("~", "").strip().lower()
     if _INFINITE.fullmatch(cleaned):
         raise NotFinite(f"{text[:40]!r} is not a finite number")
+    clock = _CLOCK.fullmatch(cleaned) if unit == "s" else None
+    if clock:
+        hours, minutes, seconds = clock.groups()
+        return int(hours or 0) * 3600.0 + int(minutes) * 60.0 + float(seconds)
     found = _NUMBER.search(cleaned)
     if not found:
         raise CellError(f"{text!r} is not a number")
@@ -218,8 +232,9 @@ def parse_number(cell: str | None, unit: str = "", header_unit: str = "") -> Any
     if not math.isfinite(value):  # '1e999', or 400 digits: no measurement or count is that large
         raise NotFinite(f"{text[:40]!r} is not a finite number")
     rest = cleaned[found.end():].strip()
-    if rest[:1] in _SCALE and not rest.startswith(("mb", "ms", "min", "gb", "gib", "mib", "b/")):
-        value *= _SCALE[rest[0]]
+    scales = _COUNT_SCALE if count else _SCALE
+    if rest[:1] in scales and not rest.startswith(("mb", "ms", "min", "gb", "gib", "mib", "b/")):
+        value *= scales[rest[0]]
         rest = rest[1:].strip()
     if not rest:
         rest = header_unit.strip().lower()
@@ -233,6 +248,13 @@ def parse_number(cell: str | None, unit: str = "", header_unit: str = "") -> Any
             value /= 1024.0
         elif rest.startswith("gb") and not rest.startswith("gib"):
             value *= 1e9 / 2**30 if "decimal" in rest else 1.0  # tables mean GiB by "GB" almost always
+        elif rest.startswith(("tb", "tib")):
+            value *= 1024.0
+    elif unit == "tflops":
+        if rest.startswith("pflop"):
+            value *= 1000.0
+        elif rest.startswith("gflop"):
+            value /= 1000.0
     elif unit == "fraction":
         # A percentage by its cell or header; a bare number above 1.5 can only be one (a fraction
         # that large is impossible). Under a '%' header 0.97 is 0.97 %: Megatron-LM's CI tables of
@@ -260,7 +282,7 @@ def parse_int(cell: str | None) -> Any:
     """A positive count. A 0 raises ZeroCount: some columns write 0 for 'none' (VPP, experts), and the
     reader decides by column."""
     try:
-        value = parse_number(cell)
+        value = parse_number(cell, count=True)
     except NotFinite as err:  # a preset's value must not stand in for it
         raise WrongNumber(str(err)) from None
     if value is UNKNOWN:
@@ -394,6 +416,10 @@ def header_unit(header: str) -> str:
     return "%" if "%" in header else ""
 
 
+# The figure in a pair's parentheses: a number with separators, a sign, a percent sign or a scale.
+_PAIRED_FIGURE = re.compile(r"[-+]?[0-9][0-9.,]*\s*(?:%|[kKmM])?", re.ASCII)
+
+
 def figure_pair(cell: str) -> tuple[str, str] | None:
     """A cell holding two runs' figures, NeMo's way ('1 (0)', '31737 (30341)'): (first, second), else None.
     Read with string operations: the pattern this was took minutes on a cell of spaces and digits."""
@@ -402,7 +428,7 @@ def figure_pair(cell: str) -> tuple[str, str] | None:
         return None
     first, _, second = text[:-1].partition("(")
     first, second = first.strip(), second.strip()
-    unsigned = second[1:] if second.startswith(("+", "-")) else second
-    if not any(ch.isdigit() for ch in first) or not unsigned[:1].isdigit():
+    # The second a plain figure: '384 (48x8)' and '384 (48 nodes)' are one count with a note.
+    if not any(ch.isdigit() for ch in first) or not _PAIRED_FIGURE.fullmatch(second):
         return None
     return first, second

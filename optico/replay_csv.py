@@ -144,14 +144,30 @@ def _memory_measure(header: str) -> Literal["", "allocated", "reserved"]:
     return "allocated" if "allocated" in words else "reserved" if "reserved" in words else ""
 
 
+def _delimiter(text: str) -> tuple[str, bool]:
+    """(the table's delimiter, whether a first line declares it): Excel's `sep=X` first line, else
+    whichever of comma, semicolon and tab its first line holds most outside quotes (comma on a tie:
+    a one-column file). Tables saved in a locale with decimal commas use semicolons; exports from a
+    spreadsheet's 'text' format, tabs."""
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    declared = re.fullmatch(r"\s*sep=([,;\t|])\s*", first, re.IGNORECASE)
+    if declared:
+        return declared.group(1), True
+    outside = re.sub(r'"[^"]*"', "", first)
+    return max((",", ";", "\t"), key=lambda d: (outside.count(d), d == ",")), False
+
+
 def _read_rows(path: Path, text: str, defaults: ReplayDefaults, strict: bool) -> tuple[list[ReplayRow], FileReport]:
     report = FileReport(file=path.name)
     rows: list[ReplayRow] = []
+    delimiter, declared = _delimiter(text)
     with io.StringIO(text, newline="") as handle:
         # csv.reader, not DictReader: it yields blank lines (so file:line stays right after them) and
         # leaves a record's extra fields visible (an unquoted "4,064" shifts every cell after it).
-        reader = csv.reader(handle)
+        reader = csv.reader(handle, delimiter=delimiter)
         header = next((record for record in reader if record), [])
+        if declared:  # Excel's `sep=;` first line: the header is the next one
+            header = next((record for record in reader if record), [])
         columns: list[str | None] = []  # per field of a record: its replay column, or None
         units: dict[str, str] = {}
         memory_measure = ""
@@ -176,8 +192,10 @@ def _read_rows(path: Path, text: str, defaults: ReplayDefaults, strict: bool) ->
                 report.renamed_columns[h] = column
         known = set(columns) - {None}
         if "model" not in known and not known & set(ARCHITECTURE):
-            raise ReplayError(f"{path}: not a replay table: no model or architecture column among "
-                              f"{', '.join(header) or 'no header'} (DESIGN.md, 'Replay CSV format')")
+            shown = ", ".join(header)[:300] or "no header"
+            raise ReplayError(f"{path}: not a replay table: no model or architecture column among the "
+                              f"{len(header)} column(s) read with the delimiter {delimiter!r}: {shown} "
+                              f"(docs/perfmodel.md, 'Reading measured tables')")
         report.missing_columns = [c for c in COLUMNS if c not in known]
         while True:
             start = reader.line_num + 1
@@ -272,8 +290,11 @@ def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") 
     positive). Errors name the file and, for a row, its line."""
     text = read_text(path, field, "replay CSV", MAX_CSV_BYTES)
     try:
-        records = csv.reader(io.StringIO(text, newline=""))  # "\r" alone ends a line too (old Mac exports)
+        delimiter, declared = _delimiter(text)  # as the reader reads it
+        records = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)  # "\r" alone ends a line too
         header = next(records, [])
+        if declared:
+            header = next(records, [])
         count = sum(1 for _ in itertools.islice(records, MAX_CSV_ROWS + 1))
     except csv.Error as exc:
         raise SpecError(field, f"{path.name} is not a CSV file: {exc}") from None

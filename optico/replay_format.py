@@ -1,4 +1,4 @@
-"""The replay CSV format (DESIGN.md, "Replay CSV format"): its columns, what an empty cell means
+"""The replay CSV format (docs/perfmodel.md, "Reading measured tables"): its columns, what an empty cell means
 (`ReplayDefaults`) and a parsed row (`ReplayRow`). `optico.replay_parse` reads one row into it,
 `optico.replay_csv` whole files, `optico.replay_measured` says what a row measured, and
 `optico.replay_rows` writes rows."""
@@ -15,7 +15,7 @@ from optico.workload import Workload
 
 Result = Literal["ok", "oom", "error"]
 
-# The columns of DESIGN.md's format, in its order. A file may have more, or fewer: a missing
+# The columns of the format, in its order. A file may have more, or fewer: a missing
 # column reads as empty cells and the file's report lists it.
 COLUMNS: tuple[str, ...] = (
     "model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
@@ -39,7 +39,7 @@ INT_CELLS: tuple[str, ...] = (
 ZERO_IS_NONE: frozenset[str] = frozenset({"num_query_groups", "num_experts", "topk", "cp", "ep", "vpp", "etp",
                                            "first_pp_layers", "last_pp_layers"})
 MEASURED: tuple[str, ...] = ("tflops_per_gpu", "mfu", "step_time_s", "tokens_per_s_per_gpu", "mem_max_gib")
-MEASURED_UNITS = {"mfu": "fraction", "step_time_s": "s", "mem_max_gib": "gib"}
+MEASURED_UNITS = {"mfu": "fraction", "step_time_s": "s", "mem_max_gib": "gib", "tflops_per_gpu": "tflops"}
 
 # Plausible values of a cell the source does not give (see `optico.replay_parse`).
 UNKNOWN_DOMAINS: dict[str, tuple[int, ...]] = {

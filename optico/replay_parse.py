@@ -428,12 +428,13 @@ def _build_strategy(p: _Parse, ints: dict[str, int | None], args: dict[str, str]
     recipe = d.recipe_flags and _from_recipe(p.text("source"))
     # An MoE model with TP > 1 runs with sequence parallelism (Megatron-LM refuses it otherwise).
     sp_default = d.sequence_parallel or (model.is_moe and tp > 1) or (recipe and tp > 1)
+    cell = "sequence_parallel"  # the column read when a cell is refused: the error names it
     try:
-        sp = parse_bool(p.cells.get("sequence_parallel"))
-        dist_opt = parse_distributed_optimizer(p.cells.get("distributed_optimizer"))
+        sp = parse_bool(p.cells.get(cell))
+        cell = "distributed_optimizer"
+        dist_opt = parse_distributed_optimizer(p.cells.get(cell))
     except CellError as err:
-        which = "distributed_optimizer" if "FSDP" in str(err) or "ZeRO" in str(err) else "sequence_parallel"
-        p.problems.append(f"{which} {err}")
+        p.problems.append(f"{cell} {err}")
         return None
     if _sharded(p.text("fsdp")):
         p.problems.append(f"fsdp {p.text('fsdp')[:40]!r}: Megatron-FSDP / FSDP2 shard more than the optimizer; "

@@ -1238,3 +1238,76 @@ def test_cells_at_the_length_bound_read_in_linear_time(tmp_path: Path, unit: str
     started = time.monotonic()
     read_replay_file(path)
     assert time.monotonic() - started < 10  # ~0.1 s here for the 50 rows
+
+
+# Cells a user's own table writes (found transcribing BigScience's and NeMo's tables, 2026-11-30):
+# each was read wrong without a word ('250 880' as 250, '2K' as 2000, '2:03.69' as 2 s, '0.049 TB'
+# as 0.049 GiB, '384 (48x8)' as two runs).
+@pytest.mark.parametrize("cells, field, expected", [
+    ({"vocab_size": "128 256"}, "vocab_size", 128256),
+    ({"vocab_size": "128\u202f256"}, "vocab_size", 128256),
+    ({"hidden_size": "4'096"}, "hidden_size", 4096),
+    ({"seq_length": "8K"}, "seq_length", 8192),
+    ({"gbs": "1k", "step_time_s": "100"}, "gbs", 1024),
+    ({"num_gpus": "8 (1x8)"}, "num_gpus", 8),
+    ({"num_gpus": "8 (1 node)"}, "num_gpus", 8),
+])
+def test_counts_as_tables_write_them(tmp_path: Path, cells: dict[str, str], field: str, expected: int) -> None:
+    path = write_csv(tmp_path / "t.csv", {**LLAMA3_8B, **cells})
+    rows = read_replay_csv(path)
+    assert len(rows) == 1 and rows[0].read, rows[0].skip_reason
+    workload = rows[0].workload
+    value = {"vocab_size": workload.model.vocab_size, "hidden_size": workload.model.hidden_size,
+             "seq_length": workload.seq_length, "gbs": workload.global_batch_size,
+             "num_gpus": workload.world_size}[field]
+    assert value == expected
+
+
+@pytest.mark.parametrize("cell, unit, expected", [
+    ("2:03.69", "s", 123.69), ("1:02:03", "s", 3723.0), ("0.049 TB", "gib", 50.176),
+    ("0.13 PFLOP/s", "tflops", 130.0), ("150 TFLOP/s", "tflops", 150.0), ("39.9k", "", 39900.0),
+])
+def test_times_and_units_as_tables_write_them(cell: str, unit: str, expected: float) -> None:
+    assert parse_number(cell, unit) == pytest.approx(expected)
+
+
+def test_a_clock_time_where_no_time_goes_and_a_typeset_minus_are_refused() -> None:
+    from optico.replay_cells import WrongNumber, parse_int
+
+    with pytest.raises(CellError, match="not one decimal number"):
+        parse_number("2:03.69")  # read as 2 before
+    with pytest.raises(WrongNumber):
+        parse_int("\u221212")  # read as 12 before
+
+
+@pytest.mark.parametrize("layout", ["semicolon", "tab", "excel sep line", "bom crlf semicolon"])
+def test_a_table_saved_with_another_delimiter_reads_the_same(tmp_path: Path, layout: str) -> None:
+    delimiter = "\t" if layout == "tab" else ";"
+    lines = [delimiter.join(COLUMNS), delimiter.join(LLAMA3_8B.get(c, "") for c in COLUMNS)]
+    if layout == "excel sep line":
+        lines.insert(0, "sep=;")
+    ending = "\r\n" if "crlf" in layout else "\n"
+    text = ("\ufeff" if "bom" in layout else "") + ending.join(lines) + ending
+    path = tmp_path / "t.csv"
+    path.write_text(text, encoding="utf-8", newline="")
+    rows = read_replay_csv(path)
+    assert [r.read for r in rows] == [True] and rows[0].workload.model.vocab_size == 128256
+
+
+def test_a_utf16_table_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "excel.csv"
+    path.write_bytes(",".join(COLUMNS).encode("utf-16"))
+    with pytest.raises((ReplayError, SpecError), match="UTF-16"):
+        read_replay_csv(path)
+
+
+def test_the_spec_check_takes_the_delimiters_the_reader_takes(tmp_path: Path) -> None:
+    """A replay spec names a semicolon table the reader reads: the spec load must read it the same way."""
+    text = "sep=;\n" + ";".join(COLUMNS) + "\n" + ";".join(LLAMA3_8B.get(c, "") for c in COLUMNS) + "\n"
+    (tmp_path / "t.csv").write_text(text)
+    spec = tmp_path / "replay.yaml"
+    spec.write_text("workload:\n  model: llama3-8b\n  seq_length: 8192\n  global_batch_size: 128\n"
+                    "  cluster: {gpu: h100-sxm, gpus_per_node: 8, nodes: 1}\n"
+                    "search_space: {tunables: {tp: [2], pp: [1], mbs: [1]}, fixed: {use_distributed_optimizer: true}}\n"
+                    "launcher: {kind: replay, data: t.csv}\n")
+    assert load_spec(spec).launcher.data.endswith("t.csv")
