@@ -36,7 +36,7 @@ SECRET_NAME = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CRED
                          r"|(?:^|_)(?:PASS|SAS)(?:_|$))")
 
 # An assigned value: quoted (the quotes kept, what is between them masked), or an unbroken run.
-_VALUE = r"(?:(?P<quote>[\"'])[^\"'\n]{1,512}(?P=quote)|[^\s\"',;&]{4,})"
+_VALUE = r"(?:(?P<quote>[\"'])(?:(?!(?P=quote))[^\n]){1,512}(?P=quote)|[^\s\"',;&]{4,})"
 
 # Shapes of credentials worth scrubbing even when they are not a configured value
 # (an endpoint that echoes a header, a URL with user:password).
@@ -58,15 +58,18 @@ _SHAPES = [
     # A JSON Web Token: header and payload are base64 of '{"...'.
     re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),
     re.compile(r"\b[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"),  # Stripe
-    # The keyword anywhere in the name (DB_PASSWORD=, PGPASSWORD=, sslpassword=, AWS_SECRET_ACCESS_KEY=);
-    # a quoted value up to its closing quote, spaces and all. Not after a slash: "/etc/passwd: must
-    # be ..." names a file, it assigns nothing.
-    re.compile(r"(?i)(?<![/\\])\b([A-Za-z0-9_\-]*(?:password|passwd|pwd|secret)[A-Za-z0-9_\-]*[\"']?\s*[:=]\s*)"
+    # The keyword anywhere in a name of at most 64 characters that starts where a word starts
+    # (DB_PASSWORD=, PGPASSWORD=, sslpassword=, aws_secret_access_key=; not passwordless:), the
+    # assignment on one line; a quoted value up to its closing quote, spaces and all. Bounded and
+    # anchored so a long run of names ('pwd-pwd-...', a request path) costs linear time. Not after a
+    # slash: "/etc/passwd: must be ..." names a file, it assigns nothing.
+    re.compile(r"(?i)(?<![\w\-/\\])([\w\-]{0,64}?(?:password|passwd|pwd|secret)(?!less)[\w\-]{0,64}?[\"']?[ \t]*[:=][ \t]*)"
                + _VALUE),
-    # An environment variable's assignment whose name says it is a secret (SECRET_NAME, in capitals as
-    # such names are written: DB_PASS=, MY_PRIVATE_KEY=, AZURE_STORAGE_KEY=, CLIENT_CREDENTIALS=).
-    re.compile(r"\b([A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|CREDS|SIGNATURE|COOKIE)"
-               r"[A-Z0-9_]*|[A-Z0-9_]*_(?:PASS|SAS|AUTH)(?:_[A-Z0-9_]*)?)([\"']?\s*[:=]\s*)" + _VALUE),
+    # An environment variable's assignment whose name ends in a word SECRET_NAME calls a secret, in
+    # capitals as such names are written: DB_PASS=, MY_PRIVATE_KEY=, AZURE_STORAGE_KEY=,
+    # CLIENT_CREDENTIALS= (not MAX_TOKENS=, KEY_LEN=, MOE_TOKEN_DISPATCHER_TYPE:).
+    re.compile(r"(?<![A-Za-z0-9_])([A-Z0-9_]{0,64}?(?:KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|CREDS"
+               r"|SIGNATURE|COOKIE|_PASS|_SAS|_AUTH))([\"']?[ \t]*[:=][ \t]*)" + _VALUE),
     # Well-known token formats a log or a spec may carry under any name: GitHub, Hugging Face, AWS
     # access key ids, Slack, Google API keys, GitLab, npm, PyPI.
     re.compile(r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{40,})"),

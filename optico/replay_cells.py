@@ -195,10 +195,11 @@ def _comma_read(found: re.Match) -> str:
     raise CellError(f"{digits[:40]!r} is neither a number with thousands separators nor one decimal comma")
 _SCALE = {"k": 1e3, "m": 1e6, "b": 1e9}
 # A count's scale is binary: '2K' tokens or samples, '16K' GPUs, '128K' context are 2048, 16384, 131072.
-_COUNT_SCALE = {"k": 2**10, "m": 2**20}
+_COUNT_SCALE = {"k": 2**10, "m": 2**20, "b": 1e9}
 # Digit groups of three after a space, a narrow or no-break space or an apostrophe: thousands separators
 # ('250 880', "14'336"), joined before the number is read (it was read as its first group: 250).
-_GROUPED = re.compile(r"(?<=[0-9])[ \u00a0\u2009\u202f'\u2019](?=[0-9]{3}(?![0-9]))")
+_GROUPED = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?:[ \u00a0\u2009\u202f'\u2019][0-9]{3})+(?![0-9])")
+_SEPARATORS = re.compile(r"[ \u00a0\u2009\u202f'\u2019]")
 # A clock time, m:ss or h:mm:ss ('2:03.69' is 123.69 s).
 _CLOCK = re.compile(r"(?:([0-9]+):)?([0-9]+):([0-5][0-9](?:\.[0-9]*)?)", re.ASCII)
 # What no decimal is followed by: another decimal point ('1.2.3', a version), a colon (a clock time
@@ -213,7 +214,7 @@ def parse_number(cell: str | None, unit: str = "", header_unit: str = "", *, cou
     in the cell is converted to it, else the unit its header states (`header_unit`: 'Step time
     (ms)', 'MFU (%)'), once: a cell '850 ms' under 'Step time (ms)' is 0.85 s, not 0.00085. A
     `count`'s K and M are binary ('2K' is 2048)."""
-    text = _GROUPED.sub("", _text(cell)).replace("\u2212", "-")  # a typeset minus is a minus
+    text = _GROUPED.sub(lambda m: _SEPARATORS.sub("", m.group(0)), _text(cell)).replace("\u2212", "-")  # and − is -
     if is_unknown(text):
         return UNKNOWN
     cleaned = _DIGIT_COMMAS.sub(_comma_read, text).replace(",", " ").replace("≈", "").replace("~", "").strip().lower()
@@ -278,11 +279,11 @@ class ZeroCount(CellError):
 MAX_COUNT = 2**53
 
 
-def parse_int(cell: str | None) -> Any:
-    """A positive count. A 0 raises ZeroCount: some columns write 0 for 'none' (VPP, experts), and the
-    reader decides by column."""
+def parse_int(cell: str | None, *, binary: bool = True) -> Any:
+    """A positive count ('8K' is 8192 unless not `binary`). A 0 raises ZeroCount: some columns write 0
+    for 'none' (VPP, experts), and the reader decides by column."""
     try:
-        value = parse_number(cell, count=True)
+        value = parse_number(cell, count=binary)
     except NotFinite as err:  # a preset's value must not stand in for it
         raise WrongNumber(str(err)) from None
     if value is UNKNOWN:
@@ -416,8 +417,8 @@ def header_unit(header: str) -> str:
     return "%" if "%" in header else ""
 
 
-# The figure in a pair's parentheses: a number with separators, a sign, a percent sign or a scale.
-_PAIRED_FIGURE = re.compile(r"[-+]?[0-9][0-9.,]*\s*(?:%|[kKmM])?", re.ASCII)
+# A figure of a pair: a number (separators, a sign, an exponent) and what follows it, a unit or nothing.
+_PAIRED_FIGURE = re.compile(r"[-+]?[0-9][0-9., ]*(?:[eE][-+]?[0-9]+)?\s*([%a-zA-Z/]{0,12})", re.ASCII)
 
 
 def figure_pair(cell: str) -> tuple[str, str] | None:
@@ -428,7 +429,9 @@ def figure_pair(cell: str) -> tuple[str, str] | None:
         return None
     first, _, second = text[:-1].partition("(")
     first, second = first.strip(), second.strip()
-    # The second a plain figure: '384 (48x8)' and '384 (48 nodes)' are one count with a note.
-    if not any(ch.isdigit() for ch in first) or not _PAIRED_FIGURE.fullmatch(second):
+    # Two figures of one unit ('850 ms (900 ms)', '31737 (30341)'): '384 (48x8)' and '384 (48 nodes)'
+    # are one count with a note.
+    one, two = _PAIRED_FIGURE.fullmatch(first), _PAIRED_FIGURE.fullmatch(second)
+    if not one or not two or two.group(1).lower() not in ("", one.group(1).lower()):
         return None
     return first, second

@@ -146,15 +146,19 @@ def _memory_measure(header: str) -> Literal["", "allocated", "reserved"]:
 
 def _delimiter(text: str) -> tuple[str, bool]:
     """(the table's delimiter, whether a first line declares it): Excel's `sep=X` first line, else
-    whichever of comma, semicolon and tab its first line holds most outside quotes (comma on a tie:
-    a one-column file). Tables saved in a locale with decimal commas use semicolons; exports from a
+    whichever of semicolon, tab and comma its first line holds most outside quotes (a comma when it
+    holds none: a one-column file). Tables saved in a locale with decimal commas use semicolons; exports from a
     spreadsheet's 'text' format, tabs."""
     first = next((line for line in text.splitlines() if line.strip()), "")
     declared = re.fullmatch(r"\s*sep=([,;\t|])\s*", first, re.IGNORECASE)
     if declared:
         return declared.group(1), True
     outside = re.sub(r'"[^"]*"', "", first)
-    return max((",", ";", "\t"), key=lambda d: (outside.count(d), d == ",")), False
+    counts = {d: outside.count(d) for d in (";", "\t", ",")}
+    most = max(counts.values())
+    # A tie goes to the semicolon or the tab: a semicolon table leaves the commas of its headers
+    # ("step time (s, mean)") unquoted.
+    return (next(d for d, n in counts.items() if n == most) if most else ","), False
 
 
 def _read_rows(path: Path, text: str, defaults: ReplayDefaults, strict: bool) -> tuple[list[ReplayRow], FileReport]:

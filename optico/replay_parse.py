@@ -286,7 +286,8 @@ class _Parse:
     def integer(self, name: str) -> int | None:
         self._paired(name)
         try:
-            value = parse_int(self.cells.get(name))
+            # A vocabulary's K is decimal ("32K": Llama 2's 32,000); a layer, batch or GPU count's binary.
+            value = parse_int(self.cells.get(name), binary=name != "vocab_size")
         except WrongNumber as err:
             self.wrong(f"{name} {err}")
             return None

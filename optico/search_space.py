@@ -44,10 +44,17 @@ _UNEVEN = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layer
 _SPLIT = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 
 
+# A default PP domain of at most this many sizes is thin: the split's sizes join it. A wider one (80
+# layers on 24 GPUs: 1, 2, 4, 8) is left alone: the split's two flags would multiply the space by 4.
+THIN_PP_DOMAIN = 2
+
+
 def _pp_with_split(w: Workload) -> dict[int, int]:
     """PP sizes the layer count does not divide but the layers plus the embedding and/or the loss do,
-    with the layers per stage so counted: for layer counts few PP sizes divide (126 layers on 2^k
-    GPUs: PP 1 or 2 alone, and nothing fits a 405B there)."""
+    with the layers per stage so counted — only for a layer count few PP sizes divide (126 layers on
+    2^k GPUs: PP 1 or 2 alone, and nothing fits a 405B there); {} otherwise."""
+    if len(default_domain("pipeline_model_parallel_size", w)) > THIN_PP_DOMAIN:
+        return {}
     layers, out = w.model.num_layers, {}
     for p in range(2, min(16, layers, w.world_size) + 1):
         if w.world_size % p == 0 and layers % p:
@@ -82,12 +89,15 @@ class SearchSpace(BaseModel):
 
     @classmethod
     def build(cls, w: Workload, tunables: dict[str, list[Any] | None] | list[str] | None = None,
-              fixed: dict[str, Any] | None = None, baseline: Mapping[str, Any] | None = None) -> "SearchSpace":
+              fixed: dict[str, Any] | None = None, baseline: Mapping[str, Any] | None = None, *,
+              split_pp: bool = True) -> "SearchSpace":
         """A space over `tunables` (names, or names with domains) for `w`.
 
         `tunables` None is the default space: the default knobs less the fixed ones, widened to hold
         `baseline` (strategy field -> the expert's value: a published layout is never outside the
-        space it is tuned in), trimmed to DEFAULT_SPACE_LIMIT (`_trim`). With tunables named, the
+        space it is tuned in) and, with `split_pp`, by the PP sizes a thin layer count gets from the
+        embedding and loss in the split (`_pp_with_split`; dropped again when the space would not
+        trim to DEFAULT_SPACE_LIMIT without them), trimmed to DEFAULT_SPACE_LIMIT (`_trim`). With tunables named, the
         baseline is not read here: it must lie inside what the spec names.
 
         Raises KeyError for an unknown field and ValueError for a bad value, naming it."""
@@ -103,7 +113,8 @@ class SearchSpace(BaseModel):
                     names[field] = [BY_NAME[field].default, value]
             # A layer count few PP sizes divide: the sizes the embedding and loss in the split make even
             # join PP, those two flags tuned (unless the spec or the baseline decides the split).
-            if not pinned & {"pipeline_model_parallel_size", *_UNEVEN} and not any(f in names for f in _UNEVEN):
+            if split_pp and not pinned & {"pipeline_model_parallel_size", *_UNEVEN} \
+                    and not any(f in names for f in _UNEVEN):
                 split = _pp_with_split(w)
                 names.update({field: None for field in _SPLIT if split})
         elif isinstance(tunables, list):
@@ -135,6 +146,8 @@ class SearchSpace(BaseModel):
         if clash:
             raise ValueError(f"search_space: {', '.join(sorted(clash))} is both tunable and fixed")
         trimmed = _trim(domains, frozenset(fixed_values), baseline) if tunables is None else {}
+        if split and _product(domains) > DEFAULT_SPACE_LIMIT:  # the split is an offer, never the reason a space is refused
+            return cls.build(w, tunables, fixed, baseline, split_pp=False)
         return cls(tunables=domains, fixed={**fixed_values, **trimmed}, trimmed=trimmed)
 
     def base(self) -> Strategy:

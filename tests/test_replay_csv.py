@@ -1311,3 +1311,16 @@ def test_the_spec_check_takes_the_delimiters_the_reader_takes(tmp_path: Path) ->
                     "search_space: {tunables: {tp: [2], pp: [1], mbs: [1]}, fixed: {use_distributed_optimizer: true}}\n"
                     "launcher: {kind: replay, data: t.csv}\n")
     assert load_spec(spec).launcher.data.endswith("t.csv")
+
+
+def test_the_cells_a_first_fix_read_wrong():
+    """Two numbers are not one ('4096 128', '1.5 100'); a vocabulary's K is decimal (Llama 2's '32K'
+    is 32,000 and matches its preset); a pair may carry a unit; a tied header goes to the semicolon."""
+    from optico.replay_cells import figure_pair, parse_int
+    from optico.replay_csv import _delimiter
+
+    assert parse_number("4096 128") == 4096 and parse_number("1.5 100") == 1.5
+    assert parse_int("32K", binary=False) == 32000 and parse_int("32K") == 32768
+    assert figure_pair("850 ms (900 ms)") == ("850 ms", "900 ms") and figure_pair("1 024 (2 048)")
+    assert figure_pair("384 (48 nodes)") is None
+    assert _delimiter("model;step time (s, mean);mfu\n") == (";", False)

@@ -167,3 +167,15 @@ def test_a_default_space_splits_a_layer_count_few_pp_sizes_divide_with_the_embed
     # A layer count PP divides evenly keeps the default space as it was.
     dense = parse_spec_text(_spec_text("llama3-70b", 8), origin_name="dense.yaml").search_space
     assert not {"account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"} & set(dense.tunables)
+
+
+def test_the_split_never_makes_a_default_space_refused():
+    """Qwen3-235B's 94 layers on 96 GPUs: PP 1 and 2 divide them, and the split's sizes (96 / 3, 4,
+    6, ... 16) with its two flags made 1,032,192 combinations, refused; the split is left out there."""
+    from optico.search_space import DEFAULT_SPACE_LIMIT
+    from optico.spec import parse_spec_text
+
+    spec = parse_spec_text("workload:\n  model: qwen3-235b-a22b\n  seq_length: 32768\n  global_batch_size: 768\n"
+                           "  cluster: {gpu: h100-sxm, gpus_per_node: 8, nodes: 12}\n", origin_name="q.yaml")
+    assert spec.search_space.size() <= DEFAULT_SPACE_LIMIT
+    assert "account_for_loss_in_pipeline_split" not in spec.search_space.tunables

@@ -141,15 +141,14 @@ def _ray_starts_here(launcher) -> bool:
         return False
     try:
         from ray._private.services import get_ray_address_from_environment  # what ray.init() reads
-    except ImportError:  # a Ray without it: ray.init() decides at the first launch
-        return False
-    try:
         found = get_ray_address_from_environment(launcher.address, launcher.ray_init.get("_temp_dir"))
     except ConnectionError:
         raise SpecError("launcher.address", "auto, and no Ray cluster runs on this machine (start one with "
                                             "`ray start --head`, set RAY_ADDRESS, or use address: local for a "
                                             "new one per job)") from None
-    if found is None:
+    except Exception:  # noqa: BLE001 - a private API that moved, a temp dir it cannot read: ray.init() decides
+        return False
+    if found in (None, "local"):  # RAY_ADDRESS=local starts one too
         return True
     if found != "auto":
         _check_ray_address(found)

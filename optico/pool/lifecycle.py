@@ -24,7 +24,7 @@ class JobStatus(str, Enum):
     RUNNING = "running"
     STOPPING = "stopping"  # finish the running trial, then succeed
     SUCCEEDED = "succeeded"
-    FAILED = "failed"  # the run itself broke (a bug, a dead database); resumable
+    FAILED = "failed"  # no trial succeeded, or the run broke (a bug, a dead database); only a broken run resumes
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"  # its worker stopped (Ctrl-C, shutdown); resumable from the checkpoint
 

@@ -23,7 +23,7 @@ class StrictJsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             # UnicodeDecodeError and DuplicateKeyError reach FastAPI's 400, said as a 422 with the reason.
-            text = (await self.body()).decode("utf-8")
+            text = (await self.body()).decode("utf-8-sig")  # a UTF-8 byte-order mark is fine
             self._json = json.loads(text, object_pairs_hook=unique_keys)
         return self._json
 
