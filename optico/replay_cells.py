@@ -198,8 +198,8 @@ _SCALE = {"k": 1e3, "m": 1e6, "b": 1e9}
 _COUNT_SCALE = {"k": 2**10, "m": 2**20, "b": 1e9}
 # Digit groups of three after a space, a narrow or no-break space or an apostrophe: thousands separators
 # ('250 880', "14'336"), joined before the number is read (it was read as its first group: 250).
-_GROUPED = re.compile(r"(?<![0-9.,])[0-9]{1,3}(?:[ \u00a0\u2009\u202f'\u2019][0-9]{3})+(?![0-9])")
 _SEPARATORS = re.compile(r"[ \u00a0\u2009\u202f'\u2019]")
+_GROUPED = re.compile(rf"(?<![0-9.,])[0-9]{{1,3}}(?:{_SEPARATORS.pattern}[0-9]{{3}})+(?![0-9])")
 # A clock time, m:ss or h:mm:ss ('2:03.69' is 123.69 s).
 _CLOCK = re.compile(r"(?:([0-9]+):)?([0-9]+):([0-5][0-9](?:\.[0-9]*)?)", re.ASCII)
 # What no decimal is followed by: another decimal point ('1.2.3', a version), a colon (a clock time

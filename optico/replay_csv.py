@@ -12,7 +12,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from optico.errors import SpecError
 from optico.input_files import read_text
@@ -161,17 +161,23 @@ def _delimiter(text: str) -> tuple[str, bool]:
     return (next(d for d, n in counts.items() if n == most) if most else ","), False
 
 
+def _table_reader(handle: io.StringIO, text: str) -> tuple[Any, str]:
+    """(a csv.reader over `handle` with `text`'s delimiter, past an Excel `sep=;` first line; the delimiter)."""
+    delimiter, declared = _delimiter(text)
+    reader = csv.reader(handle, delimiter=delimiter)
+    if declared:
+        next((record for record in reader if record), None)
+    return reader, delimiter
+
+
 def _read_rows(path: Path, text: str, defaults: ReplayDefaults, strict: bool) -> tuple[list[ReplayRow], FileReport]:
     report = FileReport(file=path.name)
     rows: list[ReplayRow] = []
-    delimiter, declared = _delimiter(text)
     with io.StringIO(text, newline="") as handle:
         # csv.reader, not DictReader: it yields blank lines (so file:line stays right after them) and
         # leaves a record's extra fields visible (an unquoted "4,064" shifts every cell after it).
-        reader = csv.reader(handle, delimiter=delimiter)
+        reader, delimiter = _table_reader(handle, text)
         header = next((record for record in reader if record), [])
-        if declared:  # Excel's `sep=;` first line: the header is the next one
-            header = next((record for record in reader if record), [])
         columns: list[str | None] = []  # per field of a record: its replay column, or None
         units: dict[str, str] = {}
         memory_measure = ""
@@ -294,11 +300,8 @@ def check_replay_csv(path: Path, workload, space, field: str = "launcher.data") 
     positive). Errors name the file and, for a row, its line."""
     text = read_text(path, field, "replay CSV", MAX_CSV_BYTES)
     try:
-        delimiter, declared = _delimiter(text)  # as the reader reads it
-        records = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)  # "\r" alone ends a line too
+        records, _ = _table_reader(io.StringIO(text, newline=""), text)  # as the reader reads it; "\r" ends a line too
         header = next(records, [])
-        if declared:
-            header = next(records, [])
         count = sum(1 for _ in itertools.islice(records, MAX_CSV_ROWS + 1))
     except csv.Error as exc:
         raise SpecError(field, f"{path.name} is not a CSV file: {exc}") from None

@@ -385,11 +385,11 @@ def _names(raw: Any, where: str) -> list[tuple[str, str]]:
     return out
 
 
-def _baseline_values(raw: Any) -> dict[str, Any]:
+def _baseline_values(raw: Any) -> dict[str, Any] | None:
     """Strategy field -> value for each key the spec's baseline sets, each value checked (errors name
-    `baseline.<key>`); empty without a baseline. A default space is widened to hold them."""
+    `baseline.<key>`); None without a baseline. A default space is widened to hold them."""
     if raw is None:
-        return {}
+        return None
     data = _mapping(raw, "baseline")
     return {field: _strategy_value(field, data[name], f"baseline.{name}") for name, field in _names(data, "baseline")}
 
@@ -632,9 +632,9 @@ def parse_spec(data: Any, origin: Path | None = None, *, origin_name: str | None
     name, seed = _name(data.get("name", _default_name(origin_name))), _seed(data.get("seed", 0))
     w = _workload(data.get("workload"))
     given = _baseline_values(data.get("baseline"))
-    space = _search_space(data.get("search_space"), w, given)
+    space = _search_space(data.get("search_space"), w, given or {})
     _check_feasible(w, space)
-    baseline = _baseline(given if data.get("baseline") is not None else None, w, space)
+    baseline = _baseline(given, w, space)
     budget = _validated(Budget, _mapping(data.get("budget"), "budget"), "budget")
     _check_limits(budget, "budget")
     launcher = _launcher(data.get("launcher"))

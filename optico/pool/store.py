@@ -30,9 +30,9 @@ from optico.pool.lifecycle import (
     JobStatus,
     LeaseHeld,
     LeaseLost,
-    NothingToResume,
     LifecycleError,
     NoNewTrial,
+    NothingToResume,
     check_transition,
 )
 from optico.pool.models import Base, EventRow, JobRow, MessageRow, TrialRow, WorkloadRow

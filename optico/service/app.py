@@ -29,8 +29,8 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from optico import __version__
-from optico.pool.contract import StoreError
 from optico.input_files import DuplicateKeyError
+from optico.pool.contract import StoreError
 from optico.pool.store import SqlStore
 from optico.redact import redact, scrub
 from optico.service import dashboard
