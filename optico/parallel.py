@@ -117,15 +117,31 @@ class ParallelDims:
                                               f"divisible by VPP ({vpp})"))
             return out
         total = num_layers + int(self.embedding_in_split) + int(self.loss_in_split)
-        counted = " (embedding and loss counted)" if self.embedding_in_split and self.loss_in_split else \
-            " (embedding counted)" if self.embedding_in_split else " (loss counted)" if self.loss_in_split else ""
+        counted = " with the embedding and loss counted" if self.embedding_in_split and self.loss_in_split else \
+            " with the embedding counted" if self.embedding_in_split else \
+            " with the loss counted" if self.loss_in_split else ""
         if total % pp:
-            return [Violation((_PP, _FIRST, _LAST), f"num_layers ({total}{counted}) must be divisible by PP ({pp}); "
-                                                    f"uneven first/last stages can take the remainder")]
+            return [Violation((_PP, _FIRST, _LAST), f"num_layers{counted} ({total}) must be divisible by PP ({pp}); "
+                                                    f"{self._split_remedy(num_layers)}")]
         if (total // pp) % vpp:
             return [Violation((_VPP, _PP), f"layers per pipeline rank ({total // pp}) must be divisible by "
                                            f"VPP ({vpp})")]
         return []
+
+    def _split_remedy(self, num_layers: int) -> str:
+        """What would make `num_layers` split evenly over PP: counting the embedding and/or the loss
+        as a layer (Megatron's account_for_*_in_pipeline_split), when one of those does, else uneven
+        first/last stages."""
+        options = [(e, l) for e in (False, True) for l in (False, True)
+                   if (e, l) != (self.embedding_in_split, self.loss_in_split)
+                   and (num_layers + e + l) % self.pp == 0]
+        if not options:
+            return "uneven first/last stages can take the remainder"
+        e, l = min(options, key=lambda o: (o[0] != self.embedding_in_split) + (o[1] != self.loss_in_split))
+        changes = ", ".join(f"{name}: {str(on).lower()}" for name, on, now in (
+            ("account_for_embedding_in_pipeline_split", e, self.embedding_in_split),
+            ("account_for_loss_in_pipeline_split", l, self.loss_in_split)) if on != now)
+        return f"{changes} ({num_layers + e + l} layers counted) or uneven first/last stages would split it"
 
     # -- placement -------------------------------------------------------------------------------
     def stage_layers(self, num_layers: int) -> list[int]:

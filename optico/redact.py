@@ -88,6 +88,12 @@ _INVISIBLE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b
 _LINE_BREAK = re.compile(r"(\r\n|\r|\n)")
 _HIDING = re.compile(_INVISIBLE.pattern + r"|(?<=\S)(?:\r\n|\r|\n)(?=\S)")
 _MIN_SECRET_LEN = 4  # shorter values would mask ordinary words and numbers
+# A known secret this long or longer is also masked in pieces: a run of key characters of at least
+# _MIN_FRAGMENT_LEN that is part of it (an echo split by a space: 'sk-test-AA AAAA...'). Shorter
+# secrets' pieces would be ordinary words.
+_MIN_FRAGMENTED_LEN = 16
+_MIN_FRAGMENT_LEN = 8
+_KEY_RUN = re.compile(r"[A-Za-z0-9_\-]{%d,}" % _MIN_FRAGMENT_LEN)
 # Texts up to this long have their shapes masked through a cache: a stored message repeats the same
 # keys and knob values hundreds of times, and each costs a dozen regular-expression passes.
 _CACHED_CHARS = 200
@@ -180,6 +186,10 @@ class Redactor:
 
     def __init__(self, secrets: Iterable[str] = ()):
         self._secrets = sorted({s for s in secrets if s and len(s) >= _MIN_SECRET_LEN}, key=len, reverse=True)
+        self._fragmented = [s for s in self._secrets if len(s) >= _MIN_FRAGMENTED_LEN]
+
+    def _is_fragment(self, run: str) -> bool:
+        return any(run in secret for secret in self._fragmented)
 
     def text(self, value: str) -> str:
         # A key with something a reader does not see inside: an escape, a zero-width space, a bidi control
@@ -207,6 +217,10 @@ class Redactor:
             while at >= 0:
                 yield at, at + len(secret)
                 at = value.find(secret, at + len(secret))
+        if self._fragmented:
+            for match in _KEY_RUN.finditer(value):
+                if self._is_fragment(match.group()):
+                    yield match.span()
         for pattern in _SHAPES:
             for match in pattern.finditer(value):
                 start, end = _value_span(match)
@@ -216,6 +230,8 @@ class Redactor:
     def _masked(self, value: str) -> str:
         for secret in self._secrets:
             value = value.replace(secret, MASK)
+        if self._fragmented:
+            value = _KEY_RUN.sub(lambda m: MASK if self._is_fragment(m.group()) else m.group(), value)
         return _shapes_masked(value) if len(value) <= _CACHED_CHARS else _mask_shapes(value)
 
     def scrub(self, value: Any) -> Any:

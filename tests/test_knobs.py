@@ -113,6 +113,23 @@ def test_embedding_and_loss_in_the_split_move_layers():
     assert predict(w, counted).memory.stage_totals_gib != predict(w, uneven).memory.stage_totals_gib
 
 
+def test_an_uneven_layer_count_names_the_split_flags_that_would_fix_it():
+    """BLOOM's 70 layers on PP 12: counting the embedding and the loss (72) is the published fix;
+    the error said only 'uneven first/last stages'. DeepSeek-V3's 61 on PP 16 has no such fix."""
+    def messages(layers: int, pp: int, **flags: bool) -> str:
+        w = Workload(model=PRESETS["llama3-8b"].model_copy(update={"num_layers": layers}), seq_length=4096,
+                     global_batch_size=pp * 8, cluster=Cluster(gpu="h100-sxm", gpus_per_node=8, nodes=pp))
+        return " ".join(v.message for v in violations(w, Strategy(pipeline_model_parallel_size=pp, **flags)))
+
+    assert ("account_for_embedding_in_pipeline_split: true, account_for_loss_in_pipeline_split: true "
+            "(72 layers counted)") in messages(70, 12)
+    assert "account_for_loss_in_pipeline_split: true (32 layers counted)" in messages(
+        30, 4, account_for_embedding_in_pipeline_split=True)
+    assert "num_layers with the embedding counted (31)" in messages(30, 4, account_for_embedding_in_pipeline_split=True)
+    only_uneven = messages(61, 16)
+    assert "uneven first/last stages can take the remainder" in only_uneven and "account_for" not in only_uneven
+
+
 def test_couplings_are_repaired_from_the_registry():
     from optico.repair import repair
 

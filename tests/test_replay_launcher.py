@@ -124,14 +124,30 @@ def write(path: Path, *rows: dict[str, str]) -> str:
     return str(path)
 
 
-def test_duplicate_rows_take_the_first_ok(tmp_path: Path) -> None:
-    path = write(tmp_path / "dup.csv", dict(result="oom"), dict(result="ok", mfu="0.5"),
-                 dict(result="ok", mfu="0.6"))
+def test_repeated_rows_replay_the_median_run(tmp_path: Path) -> None:
+    path = write(tmp_path / "dup.csv", dict(result="oom"), dict(result="ok", mfu="0.6"),
+                 dict(result="ok", mfu="0.4"), dict(result="ok", mfu="0.5"))
     result = launch(ReplayLauncher(path), workload(), strategy(tp=2))
-    assert result.ok and result.metrics.mfu == 0.5
-    assert "3 rows" in result.log and "line 3" in result.log
-    assert result.fingerprint["rows_measuring"] == [2, 3, 4]
+    assert result.ok and result.metrics.mfu == 0.5  # neither the first (0.6) nor the best
+    assert "4 rows" in result.log and "replayed line 5" in result.log and "1 of them failed" in result.log
+    assert "0.400-0.600" in result.log
+    assert result.fingerprint["rows_measuring"] == [2, 3, 4, 5] and result.fingerprint["line"] == 5
     assert len(ReplayLauncher(path).candidates(workload())) == 1
+
+
+def test_repeated_rows_even_count_replay_a_measured_run(tmp_path: Path) -> None:
+    path = write(tmp_path / "two.csv", dict(result="ok", mfu="0.6"), dict(result="ok", mfu="0.4"))
+    result = launch(ReplayLauncher(path), workload(), strategy(tp=2))
+    assert result.metrics.mfu == 0.4  # the lower median: a run that happened, not an average
+
+
+def test_a_configuration_that_ran_once_ran(tmp_path: Path) -> None:
+    path = write(tmp_path / "flaky.csv", dict(result="oom"), dict(result="ok", mfu="0.5"), dict(result="oom"))
+    result = launch(ReplayLauncher(path), workload(), strategy(tp=2))
+    assert result.ok and result.metrics.mfu == 0.5 and "its one successful run" in result.log
+    failed = launch(ReplayLauncher(write(tmp_path / "oom.csv", dict(result="oom"), dict(result="oom"))),
+                    workload(), strategy(tp=2))
+    assert not failed.ok and failed.category_hint is FailureCategory.OOM and "replayed line 2" in failed.log
 
 
 def test_error_rows_and_skipped_rows(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from optico.bench.experts import exact_layout, find_recipe, nearest_fitting, recipe_strategy
 from optico.launchers.base import Launcher, ProgressCallback
-from optico.launchers.replay import ReplayLauncher
+from optico.launchers.replay import ReplayLauncher, representative
 from optico.launchers.sim import TIMED_STEPS, WARMUP_STEPS, SimLauncher
 from optico.perfmodel.constants import Constants, load_constants
 from optico.perfmodel.online import JobModel
@@ -613,7 +613,7 @@ class ReplayDef(BaseModel):
         truth: dict[str, Truth] = {}
         for s in candidates:
             rows = base.rows_for(w, s)
-            chosen = next((r for r in rows if r.result == "ok"), rows[0])  # what the launcher replays
+            chosen = representative(rows)  # what the launcher replays
             mfu = measured_mfu(chosen) if chosen.result == "ok" else None
             truth[s.signature()] = Truth(mfu, None if mfu is not None else chosen.result, chosen.mem_max_gib)
         if not any(t.mfu is not None for t in truth.values()):
@@ -639,9 +639,8 @@ def _shown(path: str | None) -> str | None:
 
 
 def _replayed_row(launcher: ReplayLauncher, w: Workload, s: Strategy) -> ReplayRow:
-    """The row the launcher answers `s` with: its first ok row, else its first."""
-    rows = launcher.rows_for(w, s)
-    return next((r for r in rows if r.result == "ok"), rows[0])
+    """The row the launcher answers `s` with (`optico.launchers.replay.representative`)."""
+    return representative(launcher.rows_for(w, s))
 
 
 def replay_measured(launcher: ReplayLauncher, w: Workload) -> list[Strategy]:

@@ -54,14 +54,10 @@ class ReplayLauncher(Launcher):
         found = self.rows_for(workload, strategy)
         if not found:
             return self._not_measured(workload, strategy)
-        chosen = next((r for r in found if r.result == "ok"), found[0])
+        chosen = representative(found)
         if progress:
             progress(f"[replay] {strategy.short()}: replaying {chosen.where} ({chosen.result})")
-        note = ""
-        if len(found) > 1:
-            note = (f"[replay] {len(found)} rows measure this configuration (lines "
-                    f"{', '.join(str(r.line) for r in found)}); replayed the first "
-                    f"{'ok ' if chosen.result == 'ok' else ''}one, line {chosen.line}.\n")
+        note = _repeats_note(found, chosen)
         fingerprint = self._fingerprint(chosen, found)
         if chosen.result == "ok":
             return self._ok(workload, strategy, chosen, note, fingerprint)
@@ -130,6 +126,33 @@ class ReplayLauncher(Launcher):
                f"a replay never guesses.\n")
         return LaunchResult(ok=False, log=log, category_hint=FailureCategory.NOT_MEASURED,
                             fingerprint={"launcher": self.kind, "file": str(self.path), "replay_of": None})
+
+
+def representative(found: list[ReplayRow]) -> ReplayRow:
+    """The row a configuration measured more than once replays as: the run with the median MFU of
+    its successful runs (a re-run measures noise, and neither the first nor the best of them is
+    the configuration's speed). A configuration that ran once ran: it replays a success even where
+    other rows of it failed. With no success, the first failure."""
+    ok = sorted((r for r in found if r.result == "ok"), key=lambda r: (measured_mfu(r) or 0.0, r.line))
+    if not ok:
+        return found[0]
+    return ok[(len(ok) - 1) // 2]  # the lower median: always a measured row, never an average of two
+
+
+def _repeats_note(found: list[ReplayRow], chosen: ReplayRow) -> str:
+    if len(found) == 1:
+        return ""
+    lines = ", ".join(str(r.line) for r in found)
+    ok = [measured_mfu(r) or 0.0 for r in found if r.result == "ok"]
+    if len(ok) > 1:
+        why = f"the median of its {len(ok)} successful runs (MFU {min(ok):.3f}-{max(ok):.3f})"
+    elif ok:
+        why = "its one successful run"
+    else:
+        why = "the first"
+    failed = len(found) - len(ok)
+    also = f"; {failed} of them failed" if ok and failed else ""
+    return f"[replay] {len(found)} rows measure this configuration (lines {lines}){also}; replayed line {chosen.line}, {why}.\n"
 
 
 def _logits_gib(w: Workload, s: Strategy) -> float:

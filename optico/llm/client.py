@@ -35,6 +35,7 @@
 from __future__ import annotations
 
 import email.utils
+import json
 import re
 import threading
 import time
@@ -45,6 +46,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from optico.llm.audit import Redactor
@@ -140,6 +142,34 @@ def _reading_response() -> Iterator[None]:
         raise AnswerTooLong(str(cap)) from None
     except (ValueError, TypeError, AttributeError, RecursionError) as exc:
         raise MalformedResponse(f"the response is not a Chat Completion ({type(exc).__name__}: {exc})") from None
+
+
+# A server's own labels (the model it says answered, the finish reason) are stored with every call:
+# an 8 MB `model` made every stored message 8 MB.
+MAX_LABEL_CHARS = 200
+
+
+def _label(value: object) -> str | None:
+    """A label the server sent, cut to MAX_LABEL_CHARS; None when it is no text."""
+    return value[:MAX_LABEL_CHARS] if isinstance(value, str) and value else None
+
+
+def _server_said(body: object) -> str:
+    """What an answer that is no Chat Completion says, for the error: its `error.message` (a 200 carrying
+    an error object), else the start of its text. Redacted and escaped where the error is described."""
+    if isinstance(body, (bytes, bytearray)):
+        text = bytes(body[:4096]).decode("utf-8", "replace")
+        try:
+            body = json.loads(body)
+        except ValueError:
+            return " ".join(text.split())[:200]
+    extra = getattr(body, "model_extra", None)
+    error = body.get("error") if isinstance(body, dict) else (extra or {}).get("error")
+    if isinstance(error, dict):
+        error = error.get("message") or error
+    if error:
+        return " ".join(str(error).split())[:200]
+    return " ".join(str(body).split())[:200]
 
 
 def _token_count(value: object) -> int | None:
@@ -316,9 +346,12 @@ class ChatClient:
         model = finish = usage = None
         chunks = size = 0
         http = http_library()
+        media = stream.response.headers.get("content-type", "").split(";")[0].strip().lower()
         try:
+            if media and media != "text/event-stream":  # a whole answer, or an error page, sent with 200
+                return self._unstreamed(stream.response.read(), media, max_chars)
             for chunk in stream:
-                model = getattr(chunk, "model", None) or model
+                model = _label(getattr(chunk, "model", None)) or model
                 usage = getattr(chunk, "usage", None) or usage
                 for choice in chunk.choices or []:
                     delta = choice.delta
@@ -331,7 +364,7 @@ class ChatClient:
                     if thought:
                         thinking.append(str(thought))
                         size += len(str(thought))
-                    finish = choice.finish_reason or finish
+                    finish = _label(choice.finish_reason) or finish
                 if size > max_chars:
                     raise AnswerTooLong(f"the answer passed {max_chars:,} characters, more than the "
                                         f"{max_chars // CHARS_PER_TOKEN:,} tokens asked for allow")
@@ -351,11 +384,25 @@ class ChatClient:
         return _Answer(text="".join(parts), reasoning="".join(thinking), model=model, finish_reason=finish,
                        usage=usage, chunks=chunks, streamed=True)
 
+    def _unstreamed(self, body: bytes, media: str, max_chars: int) -> _Answer:
+        """A streamed request answered with one body: a whole Chat Completion (a server that ignores
+        `stream`) is read as one; anything else (an error object or an HTML error page sent with status
+        200) is the endpoint's fault, quoted, and not retried. It read as a stream cut short: retried,
+        counted against the breaker, and the server's message lost."""
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("choices"), list):
+            return self._whole(ChatCompletion.model_validate(data), max_chars)
+        raise MalformedResponse(f"the server answered a streamed request with {media[:60]}, not a stream "
+                                f"(OPTICO_LLM_STREAM=false reads whole answers): {_server_said(body)}")
+
     @staticmethod
     def _whole(response: Any, max_chars: int) -> _Answer:
         choices = getattr(response, "choices", None)
         if not isinstance(choices, list) or not choices:  # an answer of nothing is the endpoint's fault
-            raise MalformedResponse("the response has no choices")
+            raise MalformedResponse(f"the response has no choices: {_server_said(response)}")
         choice = choices[0]
         message = choice.message
         reasoning = ""
@@ -368,8 +415,8 @@ class ChatClient:
         if len(text) + len(reasoning) > max_chars:
             raise AnswerTooLong(f"the answer has {len(text) + len(reasoning):,} characters, more than the "
                                 f"{max_chars // CHARS_PER_TOKEN:,} tokens asked for allow")
-        return _Answer(text=text, reasoning=reasoning,
-                       model=getattr(response, "model", None), finish_reason=getattr(choice, "finish_reason", None),
+        return _Answer(text=text, reasoning=reasoning, model=_label(getattr(response, "model", None)),
+                       finish_reason=_label(getattr(choice, "finish_reason", None)),
                        usage=getattr(response, "usage", None))
 
     def _probe_prompt_tokens(self, messages: list[dict[str, str]]) -> int | None:

@@ -7,10 +7,12 @@ the API version differ. See docs/llm.md for one block per endpoint kind.
 
 from __future__ import annotations
 
+import ipaddress
+import math
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # USD per million (prompt, completion) tokens, list prices when this table was written.
@@ -33,6 +35,8 @@ StructuredOutput = Literal["auto", "json_schema", "json_object_schema", "json_ob
 # would hold a job forever ("inf" and "1e309" read as floats).
 MAX_TOKENS = 1_048_576  # no model answers in more
 HOUR = 3600.0
+MAX_PRICE_USD = 10_000.0  # per million tokens: a hundred times the dearest model listed anywhere
+MAX_MODEL_CHARS = 256
 
 
 class LLMSettings(BaseSettings):
@@ -102,6 +106,51 @@ class LLMSettings(BaseSettings):
                                               "the endpoint is skipped for `breaker_cooldown_s`.")
     breaker_cooldown_s: float = Field(300.0, ge=0, le=24 * HOUR,
                                       description="How long a tripped breaker skips the endpoint.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _reachable_url(cls, url: str | None) -> str | None:
+        """An http(s) URL with a host and a valid port. Refused: other schemes (file://, ftp:// were
+        accepted, and every call then failed as a 'connection error' naming nothing), and link-local hosts
+        (169.254.169.254 is a cloud's metadata service: no model is served there, and the prompt and the
+        key would go to it)."""
+        if url is None:
+            return None
+        # The URL is not quoted back: it may hold a password.
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https"):
+            raise ValueError("not an http:// or https:// URL (e.g. http://localhost:8000/v1)")
+        if not parts.hostname:
+            raise ValueError("the URL names no host")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is no port (99999, 'x')
+        except ValueError as exc:
+            raise ValueError(f"the URL's port: {exc}") from None
+        try:
+            address = ipaddress.ip_address(parts.hostname)
+        except ValueError:
+            address = None
+        if address is not None and address.is_link_local:
+            raise ValueError(f"{parts.hostname} is a link-local address (a cloud metadata service), "
+                             "not a model server")
+        return url.strip()
+
+    @field_validator("model")
+    @classmethod
+    def _printable_model(cls, model: str | None) -> str | None:
+        if model is not None and (len(model) > MAX_MODEL_CHARS or not model.isprintable()):
+            raise ValueError(f"a model name is at most {MAX_MODEL_CHARS} printable characters")
+        return model
+
+    @field_validator("prices")
+    @classmethod
+    def _finite_prices(cls, prices: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        # 1e308 or NaN made every answer's cost unstorable and threw the answers away; -5 cost money back.
+        for model, pair in prices.items():
+            if not all(math.isfinite(p) and 0 <= p <= MAX_PRICE_USD for p in pair):
+                raise ValueError(f"{model[:80]!r}: prices are USD per million tokens, from 0 to "
+                                 f"{MAX_PRICE_USD:,.0f}, not {list(pair)}")
+        return prices
 
     @model_validator(mode="after")
     def _coherent(self) -> LLMSettings:

@@ -248,3 +248,46 @@ def test_a_model_list_that_is_no_list_of_models_is_an_endpoint_error(body: bytes
     with serve(lambda h: _body(h, body)) as (url, _):
         with pytest.raises(EndpointError, match="MalformedResponse"):
             _client(url).list_models()
+
+
+# -- a streamed request answered with one body ---------------------------------------------------
+
+WHOLE = {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}]}
+
+
+@pytest.mark.parametrize("answer, said", [
+    (lambda h: _body(h, json.dumps({"error": {"message": "model overloaded, try later"}}).encode()),
+     "model overloaded, try later"),
+    (lambda h: _body(h, b"<html><body><h1>502 Bad Gateway</h1></body></html>", "text/html"), "502 Bad Gateway"),
+])
+def test_a_streamed_request_answered_with_an_error_body_quotes_it_and_is_not_retried(answer, said: str):
+    # Before: read as a stream with no events, 'the stream ended before the answer did (server gone?)',
+    # retried three times, counted against the breaker, and the server's own message lost.
+    with serve(answer) as (url, asked):
+        with pytest.raises(EndpointError, match="MalformedResponse") as err:
+            _client(url, stream=True, max_attempts=3).complete([{"role": "user", "content": "hi"}], max_tokens=50)
+    assert said in str(err.value) and "OPTICO_LLM_STREAM=false" in str(err.value)
+    assert len(asked) == 1
+
+
+def test_a_server_that_ignores_stream_is_read_whole():
+    with serve(_whole(WHOLE)) as (url, asked):
+        completion = _client(url, stream=True).complete([{"role": "user", "content": "hi"}], max_tokens=50)
+    assert completion.text == "hello" and completion.finish_reason == "stop" and not completion.streamed
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_servers_labels_are_stored_bounded(stream: bool):
+    # An 8 MB `model` (and a 4 MB finish reason) went into every stored call: a 4-trial job left 135 MB.
+    big = "\x1b[31m" + "M" * 2_000_000
+    if stream:
+        answer = lambda h: _sse(h, "data: " + json.dumps({**CHUNK, "model": big, "choices": [
+            {"index": 0, "delta": {"content": "hello"}, "finish_reason": "s" * 1_000_000}]}), "data: [DONE]")
+    else:
+        answer = _whole({**WHOLE, "model": big, "choices": [{**WHOLE["choices"][0], "finish_reason": "s" * 10**6}]})
+    with serve(answer) as (url, _):
+        completion = _client(url, stream=stream, timeout_s=30).complete([{"role": "user", "content": "hi"}],
+                                                                        max_tokens=50)
+    assert completion.text == "hello"
+    assert len(completion.model) <= 200 and len(completion.finish_reason or "") <= 200

@@ -294,6 +294,36 @@ def test_a_setting_past_its_bound_is_refused_naming_the_variable(monkeypatch: py
         load_settings()
 
 
+@pytest.mark.parametrize(("var", "value", "reason"), [
+    ("BASE_URL", "file:///etc/passwd", "not an http:// or https:// URL"),
+    ("BASE_URL", "127.0.0.1:8000/v1", "not an http:// or https:// URL"),  # no scheme: read as one
+    ("BASE_URL", "http://", "names no host"),
+    ("BASE_URL", "http://127.0.0.1:99999/v1", "port: Port out of range"),  # was: a job, failed after it began
+    ("BASE_URL", "http://169.254.169.254/latest", "link-local"),  # the prompt and the key went there
+    ("BASE_URL", "https://me:hunter22@[fe80::1]/v1", "link-local"),
+    ("PRICES", '{"m": [1e308, 1]}', "from 0 to 10,000"),  # every answer's cost was unstorable: all thrown away
+    ("PRICES", '{"m": [NaN, 1]}', "from 0 to 10,000"),
+    ("PRICES", '{"m": [-5, -5]}', "from 0 to 10,000"),
+    ("MODEL", "m\x1b]0;title\x07", "printable"),
+    ("MODEL", "m" * 300, "at most 256"),
+])
+def test_a_setting_that_cannot_work_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch, var: str,
+                                                                   value: str, reason: str):
+    monkeypatch.setenv("OPTICO_LLM_MODEL", "m")
+    monkeypatch.setenv(f"OPTICO_LLM_{var}", value)
+    with pytest.raises(ValueError, match=f"^OPTICO_LLM_{var}: ") as caught:
+        load_settings()
+    assert reason in str(caught.value) and "hunter22" not in str(caught.value)
+
+
+def test_ordinary_endpoints_are_accepted(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("OPTICO_LLM_MODEL", "qwen2.5:7b-instruct")
+    for url in ("http://localhost:8000/v1", "https://api.example.com/v1", "http://10.0.0.5:11434/v1",
+                "http://[::1]:8080/v1", "https://user:pw@llm.internal/openai"):
+        monkeypatch.setenv("OPTICO_LLM_BASE_URL", url)
+        assert load_settings().base_url == url
+
+
 def test_redactor_scrubs_the_key_and_credential_shapes():
     r = Redactor(["my-secret-key-42"])
     scrubbed = r.scrub({"a": ["Incorrect API key provided: my-secret-key-42"], "b": "Bearer abcdefgh12345678",
@@ -379,6 +409,20 @@ def test_a_key_wrapped_across_lines_is_masked_whole_and_the_lines_keep_their_sha
     assert r.text(wrapped) == "key ***\r\n*** tail"
     log = "step 1 | loss 2.3\nstep 2 | loss 2.1\r\nsk-notakey\ndone"
     assert r.text(log) == log
+
+
+def test_a_key_echoed_in_pieces_is_masked_piece_by_piece():
+    """A hostile endpoint echoed the key split by a space ('sk-test-AA AAAA...'): neither half is the key
+    and neither has a credential's shape, so both were stored and printed. Runs of eight or more key
+    characters that are part of a long known secret are masked; short secrets' pieces are words."""
+    key, plain = "sk-test-AA" + "Bc9" * 14, "Zq9plainSecretValue77"
+    r = Redactor([key, plain, "shortpw123"])
+    shown = r.text(f"split {key[:10]} {key[10:]} and {plain[:10]} {plain[10:]} also {key[3:20]}")
+    assert shown == "split *** *** and *** *** also ***", shown
+    hidden = r.text(f"split {key[:10]}\x1b[0m {key[10:]}")
+    assert "Bc9Bc9Bc9" not in hidden and "sk-test" not in hidden
+    ordinary = "configuration iteration shortpw1 throughput Bc9Bc9B"  # a 7-character piece is no piece
+    assert r.text(ordinary) == ordinary
 
 
 def test_a_long_log_with_a_wrapped_key_at_its_end_is_masked_in_time() -> None:
