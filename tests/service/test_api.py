@@ -114,6 +114,33 @@ def test_a_cancel_during_a_short_trial_kills_it_releases_the_job_and_ends_the_st
     assert [t["status"] for t in trials] == ["lost"], trials
 
 
+def test_a_revoked_token_ends_the_streams_it_opened(served: tuple[Service, dict[str, str]]):
+    """The token was checked once, when the stream opened: after `optico token revoke` a stream went on
+    sending every trial of its job, for as long as the job ran (days on a cluster)."""
+    import time
+    import uuid
+
+    service, tokens = served
+    http = client(service, tokens["write"])
+    with SqlStore(service.db_url) as store:
+        name = f"streamer-{uuid.uuid4().hex[:6]}"
+        follower = client(service, store.create_token(name, "read")[1])
+        job = submit(http, spec("revoked-stream", max_trials=30, trial_seconds=1.0)).json()
+        try:
+            with follower.stream("GET", f"/api/v1/jobs/{job['id']}/events", timeout=60) as stream:
+                events = sse_events(stream)
+                next(kind for _, kind, _ in events if kind == "trial_done")
+                store.revoke_token(name)
+                revoked_at = time.monotonic()
+                after = [kind for _, kind, _ in events]  # what comes until the server closes the stream
+            ended_in = time.monotonic() - revoked_at
+            assert ended_in < 10 and "end" not in after, (ended_in, after)  # OPTICO_SSE_REAUTH_S=0.5 here
+            assert follower.get(f"/api/v1/jobs/{job['id']}/events").status_code == 401  # its reconnect too
+            assert http.get(f"/api/v1/jobs/{job['id']}").json()["status"] == "running"  # the job goes on
+        finally:
+            http.post(f"/api/v1/jobs/{job['id']}/cancel")
+
+
 def test_yaml_bodies_idempotency_and_listing(served: tuple[Service, dict[str, str]]):
     service, tokens = served
     http = client(service, tokens["write"])

@@ -520,3 +520,80 @@ def test_the_workload_history_reaches_the_latest_jobs(browser: Any, tmp_path: Pa
         ui.close()
     finally:
         service.kill()
+
+
+def test_a_page_opened_on_an_interrupted_queue_job_follows_it_when_a_worker_takes_it(browser: Any, tmp_path: Path):
+    """A rolling restart interrupts a queue job: the page treated `interrupted` as the end (no event
+    stream opened) and stayed frozen while the next worker ran the job to its end."""
+    db = f"sqlite:///{tmp_path / 'pool.db'}"
+    with SqlStore(db) as store:
+        tokens = {scope: store.create_token(f"{scope}-int", scope)[1] for scope in ("read", "write")}
+        old = Service(db_url=db, home=tmp_path / "old").start()
+        api = next_worker = None
+        try:
+            job = client(old, tokens["write"]).post(
+                "/api/v1/jobs", json=spec("interrupted-ui", max_trials=5, trial_seconds=1.0, seed=4)).json()
+            wait_for(lambda: len(store.trials(job["id"])) >= 2, what="trial 2")
+            old.stop()
+            assert store.get_job(job["id"]).status.value == "interrupted"
+            api = Service(db_url=db, home=tmp_path / "api", args=("--no-worker",)).start()
+            ui = Page(browser, api, tokens["read"])
+            page = ui.go(f"/jobs/{job['id']}")
+            page.wait_for_function("() => document.getElementById('chart-mfu').data !== undefined")
+            assert page.evaluate("() => JSON.parse(document.getElementById('live-data').textContent).final") is False
+            next_worker = Service(db_url=db, home=tmp_path / "worker").start()
+            final = wait_for(lambda: (j := client(api, tokens["read"]).get(f"/api/v1/jobs/{job['id']}").json())
+                             ["status"] == "succeeded" and j, timeout=120, what="the job to finish")
+            page.wait_for_function(f"() => document.querySelectorAll('#trials-table tbody tr').length === "
+                                   f"{final['trials']}", timeout=30_000)
+            page.wait_for_function("() => document.getElementById('job-status').textContent === 'succeeded'")
+            assert any("/events" in url for url in ui.requests) and ui.errors == []
+            ui.close()
+        finally:
+            for service in (old, api, next_worker):
+                if service:
+                    service.kill()
+
+
+def test_a_live_page_whose_session_ends_says_so_and_a_long_name_keeps_the_page_width(browser: Any, tmp_path: Path):
+    """Token revoked while its page followed a job: the stream went on (it was checked once), then each
+    refresh was redirected to the login page and failed to parse it ('Unexpected token <', every event),
+    and the page froze without a word. And a 200-character name without a space made a 1,400-pixel
+    page 2,928 pixels wide (48,626 with a long rationale)."""
+    db = f"sqlite:///{tmp_path / 'pool.db'}"
+    with SqlStore(db) as store:
+        write = store.create_token("write-end", "write")[1]
+        read = store.create_token("read-end", "read")[1]
+        service = Service(db_url=db, home=tmp_path / "home").start()
+        try:
+            http = client(service, write)
+            job = http.post("/api/v1/jobs", json=spec("A" * 200, max_trials=20, trial_seconds=1.0, seed=6)).json()
+            wait_for(lambda: len(store.trials(job["id"])) >= 1, what="a trial")
+            ui = Page(browser, service, read)
+            for path in ("/", f"/jobs/{job['id']}"):
+                page = ui.go(path)
+                assert page.evaluate("() => document.documentElement.scrollWidth") <= 1400, path
+            page.wait_for_function("() => document.getElementById('chart-mfu').data !== undefined")
+            store.revoke_token("read-end")
+            page.wait_for_selector("#session-ended", timeout=30_000)
+            assert "/login?next=" in page.locator("#session-ended a").get_attribute("href")
+            assert ui.errors == []  # no JSON parse error of the login page
+            http.post(f"/api/v1/jobs/{job['id']}/cancel")
+            ui.close()
+        finally:
+            service.kill()
+
+
+def test_unknown_jobs_to_compare_are_named_and_a_page_past_the_last_goes_to_the_last(site):
+    """`/compare?jobs=999999` silently showed the latest three jobs; `/?page=8` of 7 said "No job matches"."""
+    service, tokens, store = site
+    cookies = {"optico_session": tokens["read"]}
+    known = store.list_jobs(limit=1)
+    shown = httpx.get(f"{service.url}/compare", params={"jobs": "999999"}, cookies=cookies)
+    assert shown.status_code == 200 and "No job #999999 in the pool." in shown.text
+    if known:
+        both = httpx.get(f"{service.url}/compare", params={"jobs": f"{known[0].id},999998"}, cookies=cookies)
+        assert "No job #999998 in the pool." in both.text and f"/jobs/{known[0].id}" in both.text
+    past = httpx.get(f"{service.url}/", params={"page": "999", "dir": "asc"}, cookies=cookies, follow_redirects=False)
+    assert past.status_code == 303 and past.headers["location"].startswith("/?") and "page=1" in past.headers["location"]
+    assert "dir=asc" in past.headers["location"]

@@ -33,9 +33,9 @@ from optico.pool.lifecycle import JobStatus
 from optico.pool.records import JobRecord, JobStats
 from optico.report import job_report
 from optico.service.dashboard import charts
-from optico.service.dashboard.session import Viewer, end_session, read_form, safe_next, start_session
+from optico.service.dashboard.session import COOKIE, Viewer, end_session, read_form, safe_next, start_session
 from optico.service.deps import DIGITS, SQL_INT_MAX, JobDep, JobIdPath, SettingsDep, StoreDep, TrialIndexPath
-from optico.service.routes.events import EventStreamSlot, job_event_stream, resume_point
+from optico.service.routes.events import EventStreamSlot, job_event_stream, may_end, resume_point
 from optico.textsafe import terminal_text
 from optico.trial import Trial, TrialStatus
 
@@ -143,6 +143,9 @@ def jobs_page(request: Request, store: StoreDep, who: Viewer,
     stats = store.job_stats([j.id for j in jobs])
     now = store.db_now()
     pages = max(1, -(-total // PAGE_SIZE))
+    if page > pages:  # a link to page 8 of a list that now has 7: the last page, not "no job matches"
+        last = request.url.include_query_params(page=pages)
+        return RedirectResponse(f"{last.path}?{last.query}", status_code=303)
     query = {"status": status or "", "name": name or "", "workload": workload or "", "sort": sort, "dir": dir}
     return templates.TemplateResponse(request, "jobs.html", {
         "who": who, "jobs": [_job_line(j, stats.get(j.id), now) for j in jobs], "total": total, "page": page,
@@ -205,7 +208,7 @@ def job_page(request: Request, job_id: JobIdPath, store: StoreDep, who: Viewer) 
     finished = _done(trials)
     live = {"job_id": job.id, "last_index": finished[-1].index if finished else 0,
             "last_event": store.last_event_seq(job_id),
-            "baseline_mfu": baseline, "limit_gib": limit, "final": job.status.final and job.lease_owner is None,
+            "baseline_mfu": baseline, "limit_gib": limit, "final": may_end(job) and job.lease_owner is None,
             "failure_y": charts.failure_floor(_measured(trials), baseline),
             "prediction_cap": charts.PREDICTION_CAP,
             "mfu_traces": list(charts.MFU_TRACES)}
@@ -255,15 +258,17 @@ def compare_page(request: Request, store: StoreDep, who: Viewer,
                  parallel: Annotated[int | None, DIGITS, Query(ge=1, le=SQL_INT_MAX)] = None) -> Response:
     # ASCII digits only: '²' is a digit to str.isdigit but not to int().
     ids = [*job, *(int(x) for x in jobs.replace(" ", "").split(",") if re.fullmatch(r"[0-9]{1,10}", x))][:20]
-    chosen = [store.get_job(i) for i in dict.fromkeys(ids) if _exists(store, i)]
-    if not chosen:
+    wanted = list(dict.fromkeys(ids))
+    chosen = [store.get_job(i) for i in wanted if _exists(store, i)]
+    missing = [i for i in wanted if i not in {j.id for j in chosen}]  # said, not silently replaced
+    if not ids:
         chosen = store.list_jobs(limit=3)
     series = [(f"#{j.id} {j.name}", store.trials(j.id)) for j in chosen]
     focus = next((j for j in chosen if j.id == parallel), chosen[0] if chosen else None)
     figure_parallel = charts.parallel_figure(store.trials(focus.id)) if focus else None
     return templates.TemplateResponse(request, "compare.html", {
-        "who": who, "jobs": chosen, "compare_figure": charts.compare_figure(series), "focus": focus,
-        "parallel_figure": figure_parallel})
+        "who": who, "jobs": chosen, "missing": missing, "compare_figure": charts.compare_figure(series),
+        "focus": focus, "parallel_figure": figure_parallel})
 
 
 def _exists(store: Store, job_id: int) -> bool:
@@ -358,7 +363,7 @@ def new_rows(job_id: JobIdPath, store: StoreDep, who: Viewer,
     best = None if report["best"] is None else {
         "trial": report["best"]["trial"], "mfu": report["best"]["mfu"], "megatron_args": report["best"]["megatron_args"],
         "improvement": report["improvement_over_baseline"]}
-    return {"rows": rows, "status": _status_text(job, store.db_now()), "final": job.status.final, "best": best,
+    return {"rows": rows, "status": _status_text(job, store.db_now()), "final": may_end(job), "best": best,
             "stop_reason": job.stop_reason, "failure_y": charts.failure_floor(_measured(trials), baseline),
             "baseline_mfu": baseline, "baseline_marks": charts.baseline_marks(baseline)}
 
@@ -369,7 +374,8 @@ async def live_events(request: Request, who: Viewer, job: JobDep, store: StoreDe
     # The job is looked up by a dependency, before the stream starts: an unknown one is a 404, not a
     # stream that breaks after its headers were sent (which a browser retries every few seconds).
     last = request.headers.get("last-event-id")
-    async for item in job_event_stream(request, store, settings, job.id, resume_point(after, last)):
+    token = request.cookies.get(COOKIE, "")  # `who` was read from it
+    async for item in job_event_stream(request, store, settings, job.id, resume_point(after, last), token):
         yield item
 
 

@@ -18,16 +18,25 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, status
+from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from optico.pool.contract import Store
 from optico.pool.lifecycle import JobStatus
-from optico.service.deps import DIGITS, SQL_INT_MAX, JobDep, ReadToken, SettingsDep, StoreDep
+from optico.pool.records import JobRecord
+from optico.service.deps import DIGITS, SQL_INT_MAX, JobDep, ReadToken, SettingsDep, StoreDep, bearer
 from optico.service.settings import ServiceSettings
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["events"])
 BATCH = 500
+
+
+def may_end(job: JobRecord) -> bool:
+    """Whether the job's stream may end: its status is final, except a queue job interrupted (its worker
+    shut down, a rolling restart), which the next worker runs on. The API stream and the dashboard's
+    pages both read this, so a page opened on an interrupted job follows it too."""
+    return job.status.final and not (job.status is JobStatus.INTERRUPTED and job.origin == "queue")
 
 
 def resume_point(after: int | None, last_event_id: str | None) -> int:
@@ -61,24 +70,32 @@ EventStreamSlot = Annotated[None, Depends(event_stream_slot)]
             responses={503: {"description": "Every event stream this server serves is open; retry later."}})
 async def stream_events(request: Request, _: ReadToken, job: JobDep, store: StoreDep, settings: SettingsDep,
                         __: EventStreamSlot,
+                        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
                         after: Annotated[int | None, DIGITS, Query(ge=0, le=SQL_INT_MAX,
                                                            description="Send events after this seq.")] = None,
                         last_event_id: Annotated[str | None, Header(max_length=32)] = None,
                         ) -> AsyncIterator[ServerSentEvent]:
     """Follows the job live: state changes, trial starts and results, agent outputs, fallbacks."""
-    async for item in job_event_stream(request, store, settings, job.id, resume_point(after, last_event_id)):
+    token = credentials.credentials if credentials else ""  # ReadToken let the request in: never empty
+    async for item in job_event_stream(request, store, settings, job.id, resume_point(after, last_event_id), token):
         yield item
 
 
 async def job_event_stream(request: Request, store: Store, settings: ServiceSettings, job_id: int,
-                           last: int) -> AsyncIterator[ServerSentEvent]:
+                           last: int, token: str) -> AsyncIterator[ServerSentEvent]:
     """The events of job `job_id` after seq `last`, then live ones, until the job has ended (see the
-    module docstring); shared by the API and the dashboard."""
-    quiet_since = time.monotonic()
+    module docstring); shared by the API and the dashboard. `token`: what the stream was opened with;
+    once it is revoked the stream ends without `end`, and the client's reconnect is refused (a stream
+    lasts as long as its job, days on a cluster)."""
+    quiet_since = checked = time.monotonic()
     yield ServerSentEvent(comment="optico event stream", retry=3000)
     # A server shutting down ends the stream without `end`: the job has not ended, and the client
     # reconnects (to another replica) with Last-Event-ID.
     while not request.app.state.shutting_down and not await request.is_disconnected():
+        if time.monotonic() - checked >= settings.sse_reauth_s:
+            checked = time.monotonic()
+            if await run_in_threadpool(store.authenticate, token) is None:
+                return
         batch = await run_in_threadpool(store.events, job_id, last, BATCH)
         for stored in batch:
             last = stored.seq
@@ -91,8 +108,7 @@ async def job_event_stream(request: Request, store: Store, settings: ServiceSett
         # the job as a claimer would (its trial lost, job_done) and sends that before it ends. A queue
         # job that was interrupted (its worker shut down, a rolling restart) has not ended: the next
         # worker runs it on.
-        rerun = current.status is JobStatus.INTERRUPTED and current.origin == "queue"
-        if current.status.final and not rerun and (
+        if may_end(current) and (
                 current.lease_owner is None or not current.lease_live(await run_in_threadpool(store.db_now))):
             if current.lease_owner is not None and await run_in_threadpool(store.settle_abandoned_cancels, job_id):
                 continue  # send what settling wrote

@@ -118,6 +118,17 @@ function showBest(jobId, best) {
   document.getElementById("best-box").hidden = false;
 }
 
+function sessionEnded() {
+  if (document.getElementById("session-ended")) return;
+  const note = cell("p", "Your session ended (its token was revoked, or you logged out): this page no longer follows the job. ");
+  note.id = "session-ended";
+  note.className = "error";
+  const link = cell("a", "Log in again");
+  link.href = "/login?next=" + encodeURIComponent(location.pathname);
+  note.appendChild(link);
+  document.querySelector("main").prepend(note);
+}
+
 // Follows a running job: each event that can change the trials fetches only the rows after the last
 // one shown, appends them to the table and extends the charts' traces (a 1,000-trial job stays fast).
 function followJob() {
@@ -145,12 +156,19 @@ function followJob() {
     }
   }
 
+  let signedOut = false;
   async function refresh() {
     if (busy) { again = true; return; }
     busy = true;
     try {
       const response = await fetch("/ui/jobs/" + live.job_id + "/rows?after=" + lastIndex,
                                    { credentials: "same-origin", cache: "no-store" });
+      // A session that ended (token revoked, logged out elsewhere) is redirected to the login page,
+      // which fetch follows to a 200 of HTML: say so, and stop following, instead of failing to parse it.
+      if (response.redirected || !(response.headers.get("content-type") || "").startsWith("application/json")) {
+        if (response.ok || response.redirected) { signedOut = true; sessionEnded(); }
+        return;
+      }
       if (!response.ok) return;
       const update = await response.json();
       followChart(update);
@@ -193,7 +211,9 @@ function followJob() {
     }));
     source.addEventListener("end", () => { source.close(); refresh(); });
     source.addEventListener("error", () => {
-      if (source.readyState === EventSource.CLOSED) setTimeout(() => { connect(); refresh(); }, RECONNECT_MS);
+      if (source.readyState !== EventSource.CLOSED) return;
+      // Refused: first ask for the rows (which finds a session that ended), then reconnect unless it had.
+      setTimeout(async () => { await refresh(); if (!signedOut) connect(); }, RECONNECT_MS);
     });
   }
   connect();
