@@ -12,7 +12,9 @@ extension types, for checkpoints written before this serializer): any other payl
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,6 +23,12 @@ import ormsgpack
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from optico.pool.db import is_sqlite, langgraph_url
+
+
+# Key of the PostgreSQL advisory lock held while LangGraph sets its tables up ("OPTICP" in ASCII:
+# beside the pool's migration lock, optico.pool.schema.ADVISORY_LOCK_ID, not the same one).
+CHECKPOINT_SETUP_LOCK_ID = 0x4F5054494350
+SETUP_WAIT_S = 300.0  # a setup on a fresh database takes well under a second
 
 
 class UnsafeCheckpoint(ValueError):
@@ -86,5 +94,21 @@ async def open_checkpointer(database_url: str) -> AsyncIterator[BaseCheckpointSa
                                    kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
                                    open=False) as pool:
         saver = AsyncPostgresSaver(pool, serde=serde)
-        await saver.setup()
+        # LangGraph creates and migrates its tables in setup(), unlocked: workers starting their first
+        # jobs together on a fresh database raced (UniqueViolation on checkpoint_migrations, the job
+        # failed with 0 trials). One setup at a time, under a session advisory lock of its own.
+        # Taken by polling, not by waiting in pg_advisory_lock: the setup creates an index CONCURRENTLY,
+        # which waits for every open statement, a session blocked on the lock included (a deadlock).
+        async with pool.connection() as conn:
+            deadline = time.monotonic() + SETUP_WAIT_S
+            while not (await (await conn.execute("SELECT pg_try_advisory_lock(%s)",
+                                                 (CHECKPOINT_SETUP_LOCK_ID,))).fetchone())["pg_try_advisory_lock"]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"LangGraph's checkpoint tables: another process has been setting them up "
+                                       f"for over {SETUP_WAIT_S:.0f} s")
+                await asyncio.sleep(0.05)
+            try:
+                await saver.setup()
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock(%s)", (CHECKPOINT_SETUP_LOCK_ID,))
         yield saver

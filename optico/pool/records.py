@@ -162,6 +162,10 @@ class ScheduleRecord(_Dated):
     incumbent: Incumbent | None = None
 
 
+# Idempotency-Keys starting with this are OptiCo's own; the API refuses them from users.
+RESERVED_KEY_PREFIX = "optico-"
+
+
 class TickVerdict(_Record):
     """What a tick found: the fields of `TickRecord` a tick decides (see `optico.retune.decide`)."""
 
@@ -191,6 +195,14 @@ class TickRecord(TickVerdict, _Dated):
     started_at: datetime
     finished_at: datetime | None = None
     job_key: str | None = Field(None, description="Random: the retune job's Idempotency-Key (None before 0005).")
+
+    @property
+    def retune_job_key(self) -> str:
+        """The Idempotency-Key of this tick's retune job, unique for all time: SQLite hands a removed
+        schedule's tick ids out again, and a key of the tick id alone adopted the old schedule's job as the
+        new one's retune. The pool reads it too: a tick whose replica died after creating the job adopts it."""
+        # Ticks from before migration 0005 have no job_key: theirs stays as it was (no second job).
+        return f"{RESERVED_KEY_PREFIX}retune-{self.job_key or f'tick-{self.id}'}"
 
 
 class StoredScheduleEvent(_Record):

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from optico import redact
 from optico.events import ScheduleEvent, parse_schedule_event
 from optico.pool.contract import TickBusy, TickLost
-from optico.pool.models import ScheduleEventRow, ScheduleRow, TickRow
+from optico.pool.models import JobRow, ScheduleEventRow, ScheduleRow, TickRow
 from optico.pool.records import (
     Incumbent,
     ScheduleRecord,
@@ -199,12 +199,23 @@ class ScheduleSql:
             return _tick(tick)
 
     def _fail_abandoned(self, s: Session, row: ScheduleRow) -> None:
-        """Ticks left running by a replica whose lock expired: it died mid-tick."""
+        """Ticks left running by a replica whose lock expired: it died mid-tick. One that had already
+        created its retune job is `retuning` with it (the job runs on; the tick is closed when it ends,
+        and no second retune starts meanwhile), not failed with the job orphaned."""
+        from optico.pool.store import _key_matches
+
         for tick in s.scalars(select(TickRow).where(TickRow.schedule_id == row.id, TickRow.status == "running")):
+            stopped = f"its replica ({tick.worker}) stopped before the tick ended; the lock expired"
+            job_id = tick.retune_job_id or s.scalars(
+                select(JobRow.id).where(_key_matches(_tick(tick).retune_job_key))).first()
+            if job_id is not None:
+                tick.status, tick.retune_job_id = "retuning", job_id
+                tick.report = {**(tick.report or {}), "error": f"{stopped}, after it started retune job {job_id}, "
+                                                               f"which runs on"}
+                continue
             tick.status = "failed"
             tick.finished_at = func.now()
-            tick.report = {**(tick.report or {}), "error": f"its replica ({tick.worker}) stopped before the tick "
-                                                           f"ended; the lock expired"}
+            tick.report = {**(tick.report or {}), "error": stopped}
 
     def _held_tick(self, s: Session, tick_id: int, worker: str) -> tuple[TickRow, ScheduleRow]:
         """The running tick of `worker` and its schedule row (locked); TickLost otherwise."""

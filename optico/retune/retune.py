@@ -6,7 +6,8 @@ A retune job is an ordinary job (the workers run it, its trials land in the pool
   and its report's "improvement over the baseline" is the gain of retuning,
 - a warm start from the pool (every job on the workload: earlier failures under the old framework are
   hints to the guard, not refusals — `optico.fingerprint`),
-- an Idempotency-Key of the tick, so a tick re-run after a crash never starts a second job.
+- an Idempotency-Key of the tick (`TickRecord.retune_job_key`), by which a tick whose replica died after
+  creating the job adopts it instead of leaving it orphaned (`optico.pool.schedules`).
 """
 
 from __future__ import annotations
@@ -26,17 +27,6 @@ from optico.trial import TrialStatus
 # A retune job has ended for the schedule's purpose. INTERRUPTED is not among them: a queue job
 # interrupted by a shutdown is resumed by the next worker.
 ENDED = (JobStatus.SUCCEEDED, JobStatus.CANCELLED, JobStatus.FAILED)
-
-
-# Idempotency-Keys starting with this are OptiCo's own; the API refuses them from users.
-RESERVED_KEY_PREFIX = "optico-"
-
-
-def idempotency_key(tick: TickRecord) -> str:
-    """The tick's key, unique for all time: SQLite hands a removed schedule's tick ids out again, and a
-    key of the tick id alone adopted the old schedule's job as the new one's retune."""
-    # Ticks from before migration 0005 have no job_key: theirs stays as it was (no second job).
-    return f"{RESERVED_KEY_PREFIX}retune-{tick.job_key or f'tick-{tick.id}'}"
 
 
 def retune_spec(schedule: ScheduleRecord, tick: TickRecord, *, first: bool) -> JobSpec:
@@ -62,7 +52,7 @@ def _runnable(spec: JobSpec, strategy: Strategy) -> bool:
 def start_retune(store: Store, schedule: ScheduleRecord, tick: TickRecord, *, first: bool, origin: str = "queue") -> int:
     """Creates the retune job (once per tick, whatever happens) and returns its id."""
     return store.create_job(retune_spec(schedule, tick, first=first), origin=origin,
-                            idempotency_key=idempotency_key(tick))
+                            idempotency_key=tick.retune_job_key)
 
 
 def retune_result(store: Store, schedule: ScheduleRecord, tick: TickRecord) -> tuple[Incumbent | None, dict[str, Any],

@@ -111,7 +111,13 @@ def run_tick(store: Store, schedule: ScheduleRecord, tick: TickRecord, *, worker
             reason = clip(f"{type(exc).__name__}: {exc}".splitlines()[0], 500)
             log.warning("tick %d of %s failed: %s", tick.id, schedule.name, reason)
             try:
-                return store.record_tick(tick.id, worker, "failed", TickVerdict(report={"error": reason}),
+                # Broken after it created its retune job (recording the verdict failed): the job runs on,
+                # and the tick follows it, so that the next tick does not start a second one.
+                job_id = store.job_id_for_key(tick.retune_job_key)
+                if job_id is not None:
+                    reason = clip(f"{reason}; its retune job {job_id} runs on", 500)
+                return store.record_tick(tick.id, worker, "failed" if job_id is None else "retuning",
+                                         TickVerdict(retune_job_id=job_id, report={"error": reason}),
                                          event=TickFailed(tick_id=tick.id, status="failed", reason=reason))
             except (TickLost, StoreError):
                 return store.get_tick(tick.id)

@@ -41,6 +41,7 @@ class Reply:
     usage: bool = True
     chunk_delay_s: float = 0.0  # streamed: sleep between chunks (a slow generation)
     cut_after: int | None = None  # streamed: drop the connection after this many chunks (a dying server)
+    model: str | None = None  # the model the answer says answered (None: the one asked for)
 
 
 @dataclass
@@ -362,7 +363,7 @@ class FakeOpenAI:
         prompt = sum(tokens(m.get("content") or "") for m in body.get("messages", []))
         payload: dict[str, Any] = {
             "id": f"chatcmpl-{len(self.calls)}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", self.model),
+            "model": reply.model or body.get("model", self.model),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
         if reply.usage:
             payload["usage"] = {"prompt_tokens": prompt, "completion_tokens": tokens(text),

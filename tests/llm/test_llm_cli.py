@@ -120,12 +120,14 @@ def test_llm_check_shows_what_the_endpoint_says_literally(fake_llm, monkeypatch)
     assert "\x1b" not in failed.output and "\u202e" not in failed.output
     assert "bad request x\\x1b[31mEVIL[/x]\\u202e" in failed.output
 
-    fake_llm()
-    monkeypatch.setenv("OPTICO_LLM_MODEL", HOSTILE)  # the fake server answers as the model asked for
+    fake_llm(lambda call: Reply(model=HOSTILE))  # the server says which model answered
     ok = runner.invoke(app, ["llm", "check"])
     assert ok.exit_code == 0, ok.output
     assert "\x1b" not in ok.output and "\u202e" not in ok.output
     assert "answered as x\\x1b[31mEVIL[/x]\\u202e" in ok.output
+    monkeypatch.setenv("OPTICO_LLM_MODEL", HOSTILE)  # our own setting: refused before anything is sent
+    refused = runner.invoke(app, ["llm", "check"])
+    assert refused.exit_code == 2 and "OPTICO_LLM_MODEL: a model name is at most 256 printable" in refused.output
 
 def test_tune_refuses_an_llm_job_without_settings(db_url: str, monkeypatch):
     monkeypatch.delenv("OPTICO_LLM_MODEL", raising=False)

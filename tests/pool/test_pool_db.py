@@ -137,3 +137,23 @@ def test_sqlite_transactions_take_the_write_lock_at_begin(tmp_path: Path) -> Non
             holder.rollback()
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_checkpointers_opened_at_once_on_a_fresh_postgresql_database_all_open(postgres_db: str) -> None:
+    """Workers starting their first jobs together on a fresh database: each job's checkpointer ran
+    LangGraph's table migrations at once, and one in three rounds a job failed with 0 trials
+    (UniqueViolation on checkpoint_migrations_pkey)."""
+    import asyncio
+
+    from optico.checkpoint import open_checkpointer
+
+    async def open_one() -> None:
+        async with open_checkpointer(postgres_db):
+            pass
+
+    async def open_all(n: int) -> list:
+        return await asyncio.gather(*(open_one() for _ in range(n)), return_exceptions=True)
+
+    failures = [r for r in asyncio.run(open_all(8)) if isinstance(r, BaseException)]
+    assert failures == [], failures

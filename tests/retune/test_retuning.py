@@ -15,7 +15,6 @@ from optico.pool.lifecycle import JobStatus
 from optico.pool.store import SqlStore
 from optico.report import flag_changes
 from optico.retune.fire import RetuneRunning, ScheduleRemoved, fire_due, run_now
-from optico.retune.retune import idempotency_key
 from optico.retune.tick import outcome_json
 
 
@@ -106,7 +105,7 @@ def test_two_schedulers_on_one_database_fire_a_slot_once(store: SqlStore, db_url
     assert store.get_schedule("nightly").next_fire_at > slot  # the slot moved on to the next cron time
     retunes = [j for j in store.list_jobs(100) if j.name.endswith(f"(tick {tick.id})")]
     assert [j.id for j in retunes] == [tick.retune_job_id]
-    assert store.job_id_for_key(idempotency_key(tick)) == tick.retune_job_id
+    assert store.job_id_for_key(tick.retune_job_key) == tick.retune_job_id
     # No worker runs here: the tick waits for its job, and run-now refuses to start a second retune.
     try:
         run_now(store, "nightly", database_url=db_url)
@@ -153,3 +152,44 @@ def test_a_schedule_added_again_after_removal_starts_its_own_first_tune(store: S
     new = run_now(store, "nightly", database_url=db_url)
     assert new.outcome == "first-tune" and new.status == "done"
     assert new.retune_job_id != old.retune_job_id and store.get_job(new.retune_job_id).status is JobStatus.SUCCEEDED
+
+
+def test_a_tick_whose_replica_died_after_starting_its_retune_follows_that_job(store: SqlStore, db_url: str) -> None:
+    """The replica died between creating the retune job and recording the tick: the next tick marked the
+    old one failed, the job ran on orphaned (its result never became the incumbent), and a second retune
+    of the same workload started beside it."""
+    from optico.retune.retune import start_retune
+
+    add_schedule(store, "nightly", max_trials=3)
+    tick = store.claim_tick("nightly", "replica-that-dies", 0.3)
+    orphan = start_retune(store, store.get_schedule("nightly"), tick, first=True)
+    time.sleep(0.6)  # its lock expires: the replica is gone
+    second = run_now(store, "nightly", database_url=db_url)
+    adopted = store.get_tick(tick.id)
+    assert (adopted.status, adopted.retune_job_id) == ("retuning", orphan), adopted
+    assert "after it started retune job" in adopted.report["error"]
+    assert second.status == "skipped" and f"retune job {orphan}" in second.report["error"]
+    assert [j.id for j in store.list_jobs(100)] == [orphan]  # no second retune
+
+
+def test_a_tick_that_breaks_after_starting_its_retune_follows_that_job(store: SqlStore, db_url: str,
+                                                                     monkeypatch) -> None:
+    """Recording the verdict failed after the job was created: the tick was recorded failed, the job orphaned."""
+    from optico.pool.contract import StoreError
+    from optico.retune import tick as tick_module
+
+    add_schedule(store, "nightly", max_trials=3)
+    real = store.record_tick
+    calls = []
+
+    def record_once_broken(*args, **kwargs):
+        calls.append(args[2])
+        if len(calls) == 1:
+            raise StoreError("the database went away for a moment")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "record_tick", record_once_broken)
+    claimed = store.claim_tick("nightly", "replica", 30)
+    record = tick_module.run_tick(store, store.get_schedule("nightly"), claimed, worker="replica", lock_s=30)
+    assert calls == ["retuning", "retuning"] and record.status == "retuning" and record.retune_job_id is not None
+    assert "its retune job" in record.report["error"]

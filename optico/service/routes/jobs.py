@@ -11,7 +11,7 @@ from pydantic import AfterValidator
 from optico.pool.contract import IdempotencyConflict
 from optico.pool.lifecycle import JobStatus, LifecycleError
 from optico.report import job_report, report_markdown
-from optico.retune.retune import RESERVED_KEY_PREFIX
+from optico.pool.records import RESERVED_KEY_PREFIX
 from optico.service.bodies import spec_from_body
 from optico.service.deps import DIGITS, SQL_INT_MAX, JobDep, ReadToken, SettingsDep, StoreDep, WriteToken
 from optico.service.schemas import (
