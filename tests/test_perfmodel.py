@@ -233,7 +233,7 @@ def test_calibrate_recovers_a_deliberately_wrong_constant():
 
 def test_calibrate_cli_writes_selectable_constants_and_reports_the_holdout(tmp_path):
     h100 = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h100-llama-1b.csv"
-    out = tmp_path / "fitted.json"
+    out = tmp_path / "new" / "folders" / "fitted.json"  # made, as every output option's are (they were not)
     proc = subprocess.run(optico_cmd("perfmodel", "calibrate", "--data", str(PACKAGED_OPTICO_CSV), "--field",
                                      "mem_overhead_gib", "--max-evals", "5", "--holdout", str(h100),
                                      "--out", str(out)), capture_output=True, text=True, timeout=300)

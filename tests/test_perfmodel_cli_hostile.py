@@ -198,6 +198,15 @@ def test_out_is_checked_before_fitting(tmp_path, command, where):
     assert {p.name for p in tmp_path.iterdir()} <= {"home"}  # nothing written
 
 
+def test_crossvalidate_out_makes_its_missing_folders(tmp_path):
+    # The whole cross-validation ran, then: "error: --out: cannot write ...: No such file or directory".
+    out = tmp_path / "cv" / "runs" / "cv.json"
+    proc = perfmodel(tmp_path, "crossvalidate", "--data", str(PACKAGED_OPTICO_CSV), str(H100_CSV),
+                     "--max-evals", "3", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert set(json.loads(out.read_text())) >= {"files", "overall"}
+
+
 @pytest.mark.parametrize("option", ["--data", "--holdout", "--start", "--calibration"])
 def test_an_overlong_path_names_its_option(tmp_path, option):
     long = str(tmp_path / f"{LONG}.{'json' if option in ('--start', '--calibration') else 'csv'}")

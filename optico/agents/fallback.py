@@ -35,7 +35,9 @@ from optico.redact import clip
 from optico.textsafe import terminal_text
 from optico.trial import Failure
 
-log = logging.getLogger("optico")
+# Its own logger: `optico tune` prints fallbacks itself, wrapped, and silences this one (a service logs it).
+FALLBACK_LOGGER = "optico.fallback"
+log = logging.getLogger(FALLBACK_LOGGER)
 R = TypeVar("R")
 T = TypeVar("T")
 REASON_CHARS = 500

@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from optico.bench import DEFAULT_TUNERS
+from optico.cli.common import ablations_option, check_llm_settings
 from optico.errors import SpecError, first_line
 from optico.terminal import ANY_COUNT, check_output_path, console, fail, read_decimal, whole_number
 from optico.textsafe import markup, terminal_text
@@ -173,9 +174,12 @@ def _checked_input(*, suite: str, files: list[Path], tuners: str, budget: int, s
         names = [n for n in names if n not in ("gp-warm", "random", "tpe")]
     sizes = _sweep_sizes(sweep) if sweep is not None else []
     try:
-        spec = ReasonerSpec.every(reasoner, ablate=ablate or ())
-    except ValueError as exc:  # pydantic's ValidationError is one
-        fail(SpecError("--reasoner/--ablate", exc.errors()[0]["msg"] if hasattr(exc, "errors") else str(exc)))
+        spec = ReasonerSpec.every(reasoner, ablate=ablations_option(ablate) if ablate else ())
+    except SpecError as exc:
+        fail(exc)
+    except ValueError as exc:  # pydantic's ValidationError is one: only the reasoner is left to refuse
+        fail(SpecError("--reasoner", exc.errors()[0]["msg"] if hasattr(exc, "errors") else str(exc)))
+    check_llm_settings(spec)  # without an endpoint every OptiCo run fell back, and the table said 0 %
     for option, path in outputs.items():
         if path is not None:
             check_output_path(path, option)

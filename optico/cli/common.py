@@ -13,12 +13,17 @@ from pathlib import Path
 import click
 import typer
 
+from typing import TYPE_CHECKING
+
 from optico.errors import SpecError
 from optico.sql_limits import SQL_INT_MAX
 # Every command imports these from here.
 from optico.terminal import (ANY_COUNT, check_output_path, console, decimal_number, err, fail,  # noqa: F401
                              output_file, whole_number)
 from optico.textsafe import markup
+
+if TYPE_CHECKING:
+    from optico.spec import ReasonerSpec
 
 # Click options take one value each; the files after the first come in as arguments, so both
 # `--data a.csv b.csv` (a shell glob) and `--data a.csv --data b.csv` work.
@@ -121,8 +126,9 @@ def check_database_url(url: str, option: str = "--database") -> None:
     check_output_path(path, option)
 
 
-def pool_url(database: str | None) -> tuple[str, str]:
-    """(the pool's URL, the option or variable it came from), checked with `check_database_url`."""
+def pool_url(database: str | None, *, create: bool = True) -> tuple[str, str]:
+    """(the pool's URL, the option or variable it came from), checked with `check_database_url`;
+    `create=False`: the default data directory is not made (a lookup writes nothing)."""
     from optico.pool.db import ENV_HOME, default_database_url
 
     if database:
@@ -130,7 +136,7 @@ def pool_url(database: str | None) -> tuple[str, str]:
     else:
         option = ENV_HOME if os.environ.get(ENV_HOME) else "data dir"
         try:
-            database = default_database_url()
+            database = default_database_url(create=create)
         except OSError as exc:
             fail(SpecError(option, f"cannot create the data directory: {exc.strerror or exc}: "
                                    f"{getattr(exc, 'filename', '') or ''}"))
@@ -147,8 +153,9 @@ def open_store(database: str | None, *, job: int | None = None, job_option: str 
     from optico.pool.store import SqlStore
     from optico.redact import redact
 
-    url, option = pool_url(database)
-    if (job is not None or absent is not None or empty is not None) and _missing_sqlite_file(url):
+    lookup = job is not None or absent is not None or empty is not None
+    url, option = pool_url(database, create=not lookup)
+    if lookup and _missing_sqlite_file(url):
         if job is not None:
             fail(SpecError(job_option, f"no job {job} in {shown_url(url)} (no pool there yet)"))
         if empty is not None:
@@ -190,3 +197,27 @@ def require_files(option: str, paths: list[Path], what: str = "CSV file") -> Non
             read_text(path, option, what, MAX_CSV_BYTES)
         except SpecError as exc:
             fail(exc)
+
+
+def ablations_option(text: str, option: str = "--ablate") -> list[str]:
+    """`--ablate a,b`: the paper's ablations, each known (tune and bench read it alike)."""
+    from optico.spec import ABLATIONS
+
+    wanted = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in wanted if a not in ABLATIONS]
+    if unknown:
+        raise SpecError(option, f"unknown ablation {unknown[0][:40]!r} ({', '.join(ABLATIONS)})")
+    return wanted
+
+
+def check_llm_settings(reasoner: "ReasonerSpec") -> None:
+    """Fails fast, naming the OPTICO_LLM_* variable, when an LLM reasoner cannot be built (a job, or a
+    benchmark, would otherwise fall back to the rules on every call, or report OptiCo at 0 %)."""
+    if reasoner.uses_llm:
+        from optico.llm.settings import load_settings
+
+        try:
+            load_settings()
+        except ValueError as exc:
+            kind = reasoner.analysis if reasoner.analysis != "rules" else reasoner.generation
+            fail(f"reasoner {kind}: {exc}")

@@ -281,6 +281,7 @@ def perfmodel_calibrate(
                       highlight=False)
     if out:
         try:
+            out.parent.mkdir(parents=True, exist_ok=True)  # the folders check_output_path allowed
             result.constants.save(out)
         except OSError as exc:  # changed since the check (a folder removed, a disk full)
             _write_failed(out, "--out", exc)
@@ -323,10 +324,8 @@ def perfmodel_crossvalidate(
     except ValueError as exc:
         fail(SpecError("--data", first_line(exc)))
     if out:
-        try:
-            out.write_text(json.dumps(report, indent=2) + "\n")
-        except OSError as exc:
-            _write_failed(out, "--out", exc)
+        with output_file(out, "--out") as handle:
+            handle.write(json.dumps(report, indent=2) + "\n")
     if as_json:
         print(redact(json.dumps({"files": report["files"], "overall": report["overall"],
                                  "details": report["details"]}, indent=2)))

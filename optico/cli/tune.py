@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import threading
@@ -16,12 +17,12 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from optico.cli.common import (DatabaseOption, check_output_path, console, err, fail, open_store, output_file,
-                               parse_id, shown_url, whole_number)
+from optico.cli.common import (DatabaseOption, ablations_option, check_llm_settings, check_output_path, console, err,
+                               fail, open_store, output_file, parse_id, shown_url, whole_number)
+from optico.agents.fallback import FALLBACK_LOGGER
 from optico.cli.views import summary, trial_block
 from optico.redact import redact
 from optico.spec import (
-    ABLATIONS,
     MAX_SEED,
     MAX_TRIALS,
     REASONER_KINDS,
@@ -66,11 +67,7 @@ def _apply_reasoner(spec: JobSpec, reasoner: str | None, ablate: str | None = No
             raise SpecError("--reasoner", f"unknown reasoner {reasoner[:40]!r} ({', '.join(REASONER_KINDS)})")
         updates.update(ReasonerSpec.every(reasoner).model_dump(include={"analysis", "generation", "failure"}))
     if ablate is not None:
-        wanted = [a.strip() for a in ablate.split(",") if a.strip()]
-        unknown = [a for a in wanted if a not in ABLATIONS]
-        if unknown:
-            raise SpecError("--ablate", f"unknown ablation {unknown[0]!r} ({', '.join(ABLATIONS)})")
-        updates["ablate"] = wanted
+        updates["ablate"] = ablations_option(ablate)
     if require_llm:
         updates["require_llm"] = True
     if updates:
@@ -78,18 +75,6 @@ def _apply_reasoner(spec: JobSpec, reasoner: str | None, ablate: str | None = No
     if spec.reasoner.require_llm and not spec.reasoner.uses_llm:
         raise SpecError("--require-llm", "no agent uses an LLM reasoner (set --reasoner llm-led or model-guided)")
     return spec
-
-
-def _check_llm(spec: JobSpec) -> None:
-    """Fails fast, naming the OPTICO_LLM_* variable, when an LLM reasoner cannot be built."""
-    r = spec.reasoner
-    if r.uses_llm:
-        from optico.llm.settings import load_settings
-
-        try:
-            load_settings()
-        except ValueError as exc:
-            fail(f"reasoner {r.analysis if r.analysis != 'rules' else r.generation}: {exc}")
 
 
 def _check_environment(spec: JobSpec) -> None:
@@ -160,6 +145,9 @@ class TrialView:
 
     def __init__(self, max_trials: int, live: bool):
         self.live = live
+        # Each fallback is printed below, wrapped; Python's last-resort handler printed it again as an
+        # unwrapped warning line. A handler of its own stops that (a service's logging still gets it).
+        logging.getLogger(FALLBACK_LOGGER).addHandler(logging.NullHandler())
         self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
                                  console=console)
@@ -243,7 +231,7 @@ def tune(
                                                     spec_path.parent), reasoner, ablate, require_llm)
         except SpecError as exc:
             fail(exc)
-        _check_llm(spec)
+        check_llm_settings(spec.reasoner)
         _check_environment(spec)
     if json_path:
         check_output_path(json_path, "--json")
@@ -264,7 +252,7 @@ def tune(
                 job = store.get_job(resume)
             except KeyError:
                 fail(f"--resume: no job {resume} in {shown_url(url)}")
-            _check_llm(job.spec)
+            check_llm_settings(job.spec.reasoner)
             _check_environment(job.spec)
             _check_stored_files(job.spec)
             max_t = job.max_trials

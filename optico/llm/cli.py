@@ -64,6 +64,9 @@ def check(as_json: bool = typer.Option(False, "--json", help="Print the report a
     try:
         report = endpoint_report(client)
     except EndpointError as exc:
+        if as_json:  # a script gets an object to read either way
+            print(redact(json.dumps({"endpoint": client.endpoint, "model": client.model, "error": str(exc)},
+                                    indent=2)))
         # The endpoint's error text, the model name and the answer are someone else's: `fail` and
         # `markup` show them literally (a "[/x]" is not Rich markup, an ESC does not reach the terminal).
         fail(f"{client.endpoint} ({client.model}): {exc}", code=1)

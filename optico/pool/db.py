@@ -27,7 +27,7 @@ ENV_URL = "OPTICO_DATABASE_URL"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
-def default_database_url() -> str:
+def default_database_url(*, create: bool = True) -> str:
     """$OPTICO_DATABASE_URL if set, else a per-user SQLite file (see `default_data_dir`).
 
     Per-user rather than per-directory, so `optico tune` and `optico serve` started from
@@ -35,7 +35,7 @@ def default_database_url() -> str:
     url = os.environ.get(ENV_URL, "").strip()
     if url:
         return url
-    return f"sqlite:///{default_data_dir() / 'optico.db'}"
+    return f"sqlite:///{default_data_dir(create=create) / 'optico.db'}"
 
 
 def normalize_url(url: str | URL) -> URL:

@@ -32,7 +32,7 @@ def bench(tmp_path: Path, *args: str, env: dict[str, str] | None = None,
           json_out: bool = True) -> subprocess.CompletedProcess[str]:
     """`optico bench ARGS --json OUT` (without `json_out`: no --json) in `tmp_path`, with its own data
     dir; OUT must not appear."""
-    environ = {k: v for k, v in os.environ.items() if k != "OPTICO_CALIBRATION"}
+    environ = {k: v for k, v in os.environ.items() if k != "OPTICO_CALIBRATION" and not k.startswith("OPTICO_LLM_")}
     environ.update({"OPTICO_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1", "COLUMNS": "80",
                     **(env or {})})
     out = tmp_path / "figures.json"
@@ -164,6 +164,10 @@ def test_only_selecting_nothing_names_only(tmp_path: Path):
     (["--budget", "10001"], "--budget", "10001"),
     (["--suite", "x\x1b[31m"], "--suite", "\\x1b"),
     (["--reasoner", "nope"], "--reasoner", ""),
+    (["--ablate", "nope"], "--ablate", "unknown ablation 'nope' (history,"),  # was '--reasoner/--ablate: Input...'
+    # No endpoint configured (the test environment sets no OPTICO_LLM_MODEL): every OptiCo run fell back,
+    # and the table said 0 % with exit 0.
+    (["--reasoner", "model-guided"], "reasoner model-guided", "OPTICO_LLM_MODEL is not set"),
 ])
 def test_bad_option_values_are_one_line_naming_the_option(tmp_path: Path, args: list[str], option: str,
                                                           mention: str):

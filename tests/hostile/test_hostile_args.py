@@ -265,6 +265,19 @@ def test_lookups_and_listings_create_no_pool(argv: list[str], pool_env: Path):
     assert not pool_env.exists(), "a lookup created the pool"
 
 
+@pytest.mark.parametrize("argv", [["jobs", "show", "1"], ["jobs", "list"], ["token", "list"],
+                                  ["schedule", "show", "nightly"]])
+def test_lookups_on_the_default_pool_create_no_data_directory(argv: list[str], pool_env: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch):
+    # The pool was not created, but its empty 0700 data directory was.
+    monkeypatch.delenv("OPTICO_DATABASE_URL")
+    home = tmp_path / "nohome"
+    monkeypatch.setenv("OPTICO_HOME", str(home))
+    outcome = run_in_process(argv)
+    assert outcome.code in (0, 2) and "no pool" in outcome.stdout + outcome.stderr, outcome
+    assert not home.exists(), "a lookup created the data directory"
+
+
 def test_jobs_stop_cancels_a_queued_job_and_stops_a_running_one_like_the_api(spec: str, pool_env: Path):
     from optico.pool.lifecycle import JobStatus
     from optico.pool.store import SqlStore

@@ -101,6 +101,9 @@ def test_llm_check_fails_cleanly(fake_llm, monkeypatch):
     failed = runner.invoke(app, ["llm", "check"])
     assert failed.exit_code == 1 and "AuthenticationError 401" in failed.output
     assert API_KEY not in failed.output
+    as_json = runner.invoke(app, ["llm", "check", "--json"])  # printed nothing on stdout: a script had nothing
+    assert as_json.exit_code == 1 and '"error": "AuthenticationError 401' in as_json.output
+    assert API_KEY not in as_json.output
     monkeypatch.delenv("OPTICO_LLM_MODEL")
     unset = runner.invoke(app, ["llm", "check"])
     assert unset.exit_code == 2 and "OPTICO_LLM_MODEL is not set" in unset.output
