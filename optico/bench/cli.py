@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from optico.bench import DEFAULT_TUNERS
-from optico.cli.common import ablations_option, check_llm_settings
+from optico.reasoner_options import ablations_option, check_llm_settings
 from optico.errors import SpecError, first_line
 from optico.terminal import ANY_COUNT, check_output_path, console, fail, read_decimal, whole_number
 from optico.textsafe import markup, terminal_text

@@ -13,17 +13,12 @@ from pathlib import Path
 import click
 import typer
 
-from typing import TYPE_CHECKING
-
 from optico.errors import SpecError
 from optico.sql_limits import SQL_INT_MAX
 # Every command imports these from here.
 from optico.terminal import (ANY_COUNT, check_output_path, console, decimal_number, err, fail,  # noqa: F401
                              output_file, whole_number)
 from optico.textsafe import markup
-
-if TYPE_CHECKING:
-    from optico.spec import ReasonerSpec
 
 # Click options take one value each; the files after the first come in as arguments, so both
 # `--data a.csv b.csv` (a shell glob) and `--data a.csv --data b.csv` work.
@@ -197,27 +192,3 @@ def require_files(option: str, paths: list[Path], what: str = "CSV file") -> Non
             read_text(path, option, what, MAX_CSV_BYTES)
         except SpecError as exc:
             fail(exc)
-
-
-def ablations_option(text: str, option: str = "--ablate") -> list[str]:
-    """`--ablate a,b`: the paper's ablations, each known (tune and bench read it alike)."""
-    from optico.spec import ABLATIONS
-
-    wanted = [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in wanted if a not in ABLATIONS]
-    if unknown:
-        raise SpecError(option, f"unknown ablation {unknown[0][:40]!r} ({', '.join(ABLATIONS)})")
-    return wanted
-
-
-def check_llm_settings(reasoner: "ReasonerSpec") -> None:
-    """Fails fast, naming the OPTICO_LLM_* variable, when an LLM reasoner cannot be built (a job, or a
-    benchmark, would otherwise fall back to the rules on every call, or report OptiCo at 0 %)."""
-    if reasoner.uses_llm:
-        from optico.llm.settings import load_settings
-
-        try:
-            load_settings()
-        except ValueError as exc:
-            kind = reasoner.analysis if reasoner.analysis != "rules" else reasoner.generation
-            fail(f"reasoner {kind}: {exc}")

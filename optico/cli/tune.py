@@ -17,10 +17,11 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from optico.cli.common import (DatabaseOption, ablations_option, check_llm_settings, check_output_path, console, err,
-                               fail, open_store, output_file, parse_id, shown_url, whole_number)
+from optico.cli.common import (DatabaseOption, check_output_path, console, err, fail, open_store, output_file,
+                               parse_id, shown_url, whole_number)
 from optico.agents.fallback import FALLBACK_LOGGER
 from optico.cli.views import summary, trial_block
+from optico.reasoner_options import ablations_option, check_llm_settings
 from optico.redact import redact
 from optico.spec import (
     MAX_SEED,

@@ -196,14 +196,23 @@ class ProposalAnswer:
     confidence: int
 
 
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
+
+
 def _confidence(raw: Any, errors: list[str], where: str, default: int = 50) -> int:
+    """A confidence of 0..100 from what a model writes: 85, "85", "85%", "85/100", 90.7; a fraction
+    strictly between 0 and 1 (0.85) is read as a share. The whole first number counts: "1e2" was read
+    as 1 and "90.7" as 90."""
     if raw is None or raw == "":
         return default
-    m = re.search(r"-?\d+", str(raw))
-    if not m or not 0 <= int(m.group()) <= 100:
-        errors.append(f"{where}: confidence {raw!r} is not an integer in 0..100")
+    m = None if isinstance(raw, bool) else _NUMBER.search(str(raw)[:100])
+    value = float(m.group()) if m else float("nan")
+    if 0 < value < 1 and "." in m.group():
+        value *= 100
+    if not 0 <= value <= 100:  # NaN fails this too
+        errors.append(f"{where}: confidence {str(raw)[:40]!r} is not a number in 0..100")
         return default
-    return int(m.group())
+    return round(value)
 
 
 def generation_answer(data: dict[str, Any] | None, text: str, *, space: SearchSpace, reference: Strategy,

@@ -183,6 +183,7 @@ class SqlStore(ScheduleSql, TokenSql, Store):
         self._read_engine = self._engine if self._postgres or ":memory:" in self.url \
             else make_engine(self.url, readonly=True)
         self._read_sessions = sessionmaker(self._read_engine, expire_on_commit=False)
+        self._touch_attempts: dict[int, float] = {}  # token id -> when "last used" was last written (TokenSql)
         self._closed = False
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets as _secrets
+import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,7 @@ class TokenSql:
     """The token half of `SqlStore` (see `Store` for the contract); uses its session helpers."""
 
     if TYPE_CHECKING:  # provided by SqlStore
+        _touch_attempts: dict[int, float]
         def _session(self, *, read: bool = False) -> Any: ...
         def _now(self, s: Session) -> datetime: ...
         def _stamp(self, value: datetime) -> datetime: ...
@@ -88,9 +90,20 @@ class TokenSql:
             record = _token(row)
         last = record.last_used_at
         if last is None or (now - last).total_seconds() > TOKEN_TOUCH_S:
-            with self._session() as s:  # "last used" is written at most once a minute per token
-                s.execute(update(TokenRow).where(TokenRow.id == record.id).values(last_used_at=self._stamp(now)))
-            record = record.model_copy(update={"last_used_at": now})
+            # "Last used" is written at most once a minute per token, and it is no reason to refuse a
+            # request: on SQLite a writer holding the lock (a paused worker) made every authenticated
+            # request, reads included, wait the busy timeout and answer 503. A failed write is tried
+            # again only a minute later, so only one request a minute waits.
+            attempted = self._touch_attempts.get(record.id)
+            if attempted is None or time.monotonic() - attempted > TOKEN_TOUCH_S:
+                self._touch_attempts[record.id] = time.monotonic()
+                try:
+                    with self._session() as s:
+                        s.execute(update(TokenRow).where(TokenRow.id == record.id)
+                                  .values(last_used_at=self._stamp(now)))
+                    record = record.model_copy(update={"last_used_at": now})
+                except StoreError:
+                    pass
         return record
 
     def tokens(self) -> list[TokenRecord]:

@@ -487,3 +487,21 @@ def test_prompt_size_stays_flat_as_the_history_grows():
         sizes[n] = sum(estimate_tokens(m["content"]) for m in messages)
         assert view.tokens <= agent.settings.history_token_budget
     assert sizes[200] <= sizes[10] * 1.5, sizes
+
+
+@pytest.mark.parametrize(("raw", "read"), [(85, 85), ("85%", 85), ("85/100", 85), (90.7, 91), ("90.7", 91),
+                                           ("1e2", 100), (0.85, 85), ("0.85", 85), (None, 50), (1, 1)])
+def test_a_confidence_is_read_as_the_whole_number_written(raw: object, read: int):
+    """"1e2" was read as 1 and "90.7" as 90: the first run of digits, not the number."""
+    from optico.llm.answers import _confidence
+
+    errors: list[str] = []
+    assert _confidence(raw, errors, "proposal 1") == read and errors == []
+
+
+@pytest.mark.parametrize("raw", [True, "abc", -5, 150, "nan", "1e999"])
+def test_a_confidence_that_is_no_share_is_an_error(raw: object):
+    from optico.llm.answers import _confidence
+
+    errors: list[str] = []
+    assert _confidence(raw, errors, "proposal 1") == 50 and "is not a number in 0..100" in errors[0]

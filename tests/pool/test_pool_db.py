@@ -157,3 +157,29 @@ def test_checkpointers_opened_at_once_on_a_fresh_postgresql_database_all_open(po
 
     failures = [r for r in asyncio.run(open_all(8)) if isinstance(r, BaseException)]
     assert failures == [], failures
+
+
+def test_a_writer_holding_sqlites_lock_does_not_refuse_authenticated_requests(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch):
+    """`authenticate` writes a token's "last used" once a minute: behind a paused worker's write lock,
+    every authenticated request (reads too) waited the busy timeout and the API answered 503."""
+    import sqlite3
+    import time
+
+    from optico.pool.store import SqlStore
+
+    monkeypatch.setattr(db, "SQLITE_BUSY_TIMEOUT_MS", 300)
+    path = tmp_path / "pool.db"
+    with SqlStore(f"sqlite:///{path}") as store:
+        _, token = store.create_token("reader", "read")
+        writer = sqlite3.connect(path, isolation_level=None)
+        try:
+            writer.execute("BEGIN IMMEDIATE")
+            assert store.authenticate(token) is not None  # the write waited, failed, and is let go
+            start = time.monotonic()
+            for _ in range(20):
+                assert store.authenticate(token) is not None
+            assert time.monotonic() - start < 1.0  # not tried again within the minute: no waiting
+        finally:
+            writer.rollback()
+            writer.close()
