@@ -165,11 +165,12 @@ class RetuneFinished(_Event):
 
 
 class TickFailed(_Event):
-    """A tick could not finish (the probe or a re-measurement broke) or was skipped."""
+    """A tick could not finish (the probe or a re-measurement broke) or was skipped; `retuning`: it broke
+    after it had started its retune job, which runs on, and the tick is closed when the job ends."""
 
     kind: Literal["tick_failed"] = "tick_failed"
     tick_id: int
-    status: Literal["failed", "skipped"]
+    status: Literal["failed", "skipped", "retuning"]
     reason: str
 
 

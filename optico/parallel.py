@@ -134,7 +134,7 @@ class ParallelDims:
         first/last stages."""
         options = [(e, l) for e in (False, True) for l in (False, True)
                    if (e, l) != (self.embedding_in_split, self.loss_in_split)
-                   and (num_layers + e + l) % self.pp == 0]
+                   and (num_layers + e + l) % self.pp == 0 and (num_layers + e + l) // self.pp % self.vpp == 0]
         if not options:
             return "uneven first/last stages can take the remainder"
         e, l = min(options, key=lambda o: (o[0] != self.embedding_in_split) + (o[1] != self.loss_in_split))

@@ -186,10 +186,13 @@ class Redactor:
 
     def __init__(self, secrets: Iterable[str] = ()):
         self._secrets = sorted({s for s in secrets if s and len(s) >= _MIN_SECRET_LEN}, key=len, reverse=True)
-        self._fragmented = [s for s in self._secrets if len(s) >= _MIN_FRAGMENTED_LEN]
+        # Only secrets that are one run of key characters (an API key, a token): a URL or a passphrase
+        # registered as a secret has ordinary words inside ('services', 'localhost'), not pieces of a key.
+        fragmented = [s for s in self._secrets if len(s) >= _MIN_FRAGMENTED_LEN and _KEY_RUN.fullmatch(s)]
+        self._fragmented = "\n".join(fragmented)  # one search per run, whatever the number of secrets
 
     def _is_fragment(self, run: str) -> bool:
-        return any(run in secret for secret in self._fragmented)
+        return run in self._fragmented
 
     def text(self, value: str) -> str:
         # A key with something a reader does not see inside: an escape, a zero-width space, a bidi control

@@ -148,7 +148,9 @@ class TrialView:
         self.live = live
         # Each fallback is printed below, wrapped; Python's last-resort handler printed it again as an
         # unwrapped warning line. A handler of its own stops that (a service's logging still gets it).
-        logging.getLogger(FALLBACK_LOGGER).addHandler(logging.NullHandler())
+        fallbacks = logging.getLogger(FALLBACK_LOGGER)
+        if not any(isinstance(h, logging.NullHandler) for h in fallbacks.handlers):
+            fallbacks.addHandler(logging.NullHandler())
         self.progress = Progress(TextColumn("[bold]trials"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
                                  console=console)

@@ -348,7 +348,9 @@ class ChatClient:
         http = http_library()
         media = stream.response.headers.get("content-type", "").split(";")[0].strip().lower()
         try:
-            if media and media != "text/event-stream":  # a whole answer, or an error page, sent with 200
+            # A whole answer, or an error page, sent with 200. Other types (text/plain, octet-stream: a
+            # proxy's relabelling) are read as the stream they usually still are.
+            if media.endswith("json") or media == "text/html":
                 return self._unstreamed(stream.response.read(), media, max_chars)
             for chunk in stream:
                 model = _label(getattr(chunk, "model", None)) or model

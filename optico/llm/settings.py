@@ -113,7 +113,7 @@ class LLMSettings(BaseSettings):
         """An http(s) URL with a host and a valid port. Refused: other schemes (file://, ftp:// were
         accepted, and every call then failed as a 'connection error' naming nothing), and link-local hosts
         (169.254.169.254 is a cloud's metadata service: no model is served there, and the prompt and the
-        key would go to it)."""
+        key would go to it). A name that resolves there (metadata.google.internal) is not looked up."""
         if url is None:
             return None
         # The URL is not quoted back: it may hold a password.
@@ -126,11 +126,13 @@ class LLMSettings(BaseSettings):
             parts.port  # noqa: B018 - raises on a port that is no port (99999, 'x')
         except ValueError as exc:
             raise ValueError(f"the URL's port: {exc}") from None
-        try:
-            address = ipaddress.ip_address(parts.hostname)
+        host = parts.hostname.rstrip(".")
+        try:  # as an address is written: dotted, IPv6, IPv4-mapped IPv6, or one integer (2852039166)
+            address = ipaddress.ip_address(int(host) if host.isdigit() else host)
         except ValueError:
             address = None
-        if address is not None and address.is_link_local:
+        mapped = getattr(address, "ipv4_mapped", None)
+        if address is not None and (address.is_link_local or (mapped is not None and mapped.is_link_local)):
             raise ValueError(f"{parts.hostname} is a link-local address (a cloud metadata service), "
                              "not a model server")
         return url.strip()

@@ -55,6 +55,18 @@ def start_retune(store: Store, schedule: ScheduleRecord, tick: TickRecord, *, fi
                             idempotency_key=tick.retune_job_key)
 
 
+def _probe_now(schedule: ScheduleRecord) -> dict[str, str]:
+    """The framework now, for a tick that recorded no probe (it broke, or its replica died, after it had
+    started its retune job): an incumbent saved with no fingerprint made the next tick see a framework
+    change that was none, and re-measure, or retune again with `always_retune`."""
+    from optico.retune.probe import ProbeError, probe_framework
+
+    try:
+        return probe_framework(schedule.spec)
+    except ProbeError:
+        return {}
+
+
 def retune_result(store: Store, schedule: ScheduleRecord, tick: TickRecord) -> tuple[Incumbent | None, dict[str, Any],
                                                                                       RetuneFinished]:
     """(the new incumbent or None to keep the old one, the report's additions, the event) of an ended retune."""
@@ -73,7 +85,7 @@ def retune_result(store: Store, schedule: ScheduleRecord, tick: TickRecord) -> t
     best = max(ok, key=lambda t: (t.metrics.mfu, -t.index))
     # The next tick compares its probe with this: the probe of this tick (not the trial's fingerprint,
     # which a launcher may report in other keys, or not at all, as a user's Megatron-LM command does).
-    framework = dict(tick.fingerprint or {})
+    framework = dict(tick.fingerprint or {}) or _probe_now(schedule)
     before_strategy = old.strategy if old is not None else None
     def pct(reference: float | None) -> float | None:
         return (best.metrics.mfu / reference - 1) * 100 if reference else None

@@ -118,7 +118,8 @@ def run_tick(store: Store, schedule: ScheduleRecord, tick: TickRecord, *, worker
                     reason = clip(f"{reason}; its retune job {job_id} runs on", 500)
                 return store.record_tick(tick.id, worker, "failed" if job_id is None else "retuning",
                                          TickVerdict(retune_job_id=job_id, report={"error": reason}),
-                                         event=TickFailed(tick_id=tick.id, status="failed", reason=reason))
+                                         event=TickFailed(tick_id=tick.id, status="failed" if job_id is None
+                                                          else "retuning", reason=reason))
             except (TickLost, StoreError):
                 return store.get_tick(tick.id)
 

@@ -30,7 +30,7 @@ class ServiceSettings(BaseSettings):
     sse_poll_s: float = Field(0.5, gt=0, le=60, description="How often an event stream looks for new events.")
     sse_keepalive_s: float = Field(15.0, gt=0, le=300, description="A comment line at least this often keeps "
                                                                    "proxies from closing an idle stream.")
-    sse_reauth_s: float = Field(5.0, gt=0, le=300, description="How often an open event stream checks that its "
+    sse_recheck_s: float = Field(5.0, gt=0, le=300, description="How often an open event stream checks that its "
                                                               "token (or dashboard session) still stands: a "
                                                               "revoked one's streams end within this.")
     max_event_streams: int = Field(100, ge=1, le=10_000, description="Event streams (API and dashboard) open at "

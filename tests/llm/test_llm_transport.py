@@ -291,3 +291,16 @@ def test_the_servers_labels_are_stored_bounded(stream: bool):
                                                                         max_tokens=50)
     assert completion.text == "hello"
     assert len(completion.model) <= 200 and len(completion.finish_reason or "") <= 200
+
+
+def test_a_stream_relabelled_text_plain_by_a_proxy_is_still_read_as_a_stream():
+    def relabelled(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain; charset=utf-8")
+        handler.end_headers()
+        handler.wfile.write((_chunk([{"index": 0, "delta": {"content": "hello"}, "finish_reason": "stop"}])
+                             + "\n\ndata: [DONE]\n\n").encode())
+
+    with serve(relabelled) as (url, _):
+        completion = _client(url, stream=True).complete([{"role": "user", "content": "hi"}], max_tokens=50)
+    assert completion.text == "hello" and completion.streamed

@@ -301,6 +301,9 @@ def test_a_setting_past_its_bound_is_refused_naming_the_variable(monkeypatch: py
     ("BASE_URL", "http://127.0.0.1:99999/v1", "port: Port out of range"),  # was: a job, failed after it began
     ("BASE_URL", "http://169.254.169.254/latest", "link-local"),  # the prompt and the key went there
     ("BASE_URL", "https://me:hunter22@[fe80::1]/v1", "link-local"),
+    ("BASE_URL", "http://[::ffff:169.254.169.254]/v1", "link-local"),
+    ("BASE_URL", "http://2852039166/v1", "link-local"),  # 169.254.169.254 as one integer
+    ("BASE_URL", "http://169.254.169.254./v1", "link-local"),
     ("PRICES", '{"m": [1e308, 1]}', "from 0 to 10,000"),  # every answer's cost was unstorable: all thrown away
     ("PRICES", '{"m": [NaN, 1]}', "from 0 to 10,000"),
     ("PRICES", '{"m": [-5, -5]}', "from 0 to 10,000"),
@@ -423,6 +426,10 @@ def test_a_key_echoed_in_pieces_is_masked_piece_by_piece():
     assert "Bc9Bc9Bc9" not in hidden and "sk-test" not in hidden
     ordinary = "configuration iteration shortpw1 throughput Bc9Bc9B"  # a 7-character piece is no piece
     assert r.text(ordinary) == ordinary
+    # A secret that is no key (a webhook URL, a passphrase) is masked whole, never its words.
+    hook = Redactor(["https://hooks.slack.com/services/T000/B000/XXXXXXXXXXXXXXXX", "correct horse battery staple"])
+    words = "see the services docs at http://localhost:8000/v1: correct and battery included"
+    assert hook.text(words) == words
 
 
 def test_a_long_log_with_a_wrapped_key_at_its_end_is_masked_in_time() -> None:

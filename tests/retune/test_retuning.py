@@ -193,3 +193,16 @@ def test_a_tick_that_breaks_after_starting_its_retune_follows_that_job(store: Sq
     record = tick_module.run_tick(store, store.get_schedule("nightly"), claimed, worker="replica", lock_s=30)
     assert calls == ["retuning", "retuning"] and record.status == "retuning" and record.retune_job_id is not None
     assert "its retune job" in record.report["error"]
+    kinds = [(e.kind, getattr(e.event, "status", None)) for e in store.schedule_events(record.schedule_id)]
+    assert kinds == [("tick_failed", "retuning")]
+    # The job runs on; once it ends the tick is closed and its best is the incumbent, with the framework
+    # it ran under (the tick recorded no probe: the incumbent had none, and the next tick saw a change).
+    from optico.retune.tick import settle
+    from optico.runner import run_job
+
+    run_job(store, db_url, record.retune_job_id)
+    closed = settle(store, store.get_tick(record.id))
+    incumbent = store.get_schedule("nightly").incumbent
+    assert closed.status == "done" and incumbent is not None and incumbent.job_id == record.retune_job_id
+    assert incumbent.fingerprint == {"framework_version": "24.10"}
+    assert run_now(store, "nightly", database_url=db_url).outcome == "no-change"

@@ -18,7 +18,7 @@ import httpx
 
 # Short leases and fast polls so that takeovers and live views happen within seconds.
 FAST = {"OPTICO_LEASE_S": "3", "OPTICO_LEASE_RENEW_S": "0.5", "OPTICO_WORKER_POLL_S": "0.2",
-        "OPTICO_SSE_POLL_S": "0.1", "OPTICO_SSE_REAUTH_S": "0.5", "OPTICO_SCHEDULER_POLL_S": "0.5"}
+        "OPTICO_SSE_POLL_S": "0.1", "OPTICO_SSE_RECHECK_S": "0.5", "OPTICO_SCHEDULER_POLL_S": "0.5"}
 
 
 def free_port() -> int:

@@ -92,7 +92,7 @@ async def job_event_stream(request: Request, store: Store, settings: ServiceSett
     # A server shutting down ends the stream without `end`: the job has not ended, and the client
     # reconnects (to another replica) with Last-Event-ID.
     while not request.app.state.shutting_down and not await request.is_disconnected():
-        if time.monotonic() - checked >= settings.sse_reauth_s:
+        if time.monotonic() - checked >= settings.sse_recheck_s:
             checked = time.monotonic()
             if await run_in_threadpool(store.authenticate, token) is None:
                 return

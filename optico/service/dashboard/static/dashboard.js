@@ -157,6 +157,7 @@ function followJob() {
   }
 
   let signedOut = false;
+  let source = null;  // the open EventSource (connect() below)
   async function refresh() {
     if (busy) { again = true; return; }
     busy = true;
@@ -166,7 +167,11 @@ function followJob() {
       // A session that ended (token revoked, logged out elsewhere) is redirected to the login page,
       // which fetch follows to a 200 of HTML: say so, and stop following, instead of failing to parse it.
       if (response.redirected || !(response.headers.get("content-type") || "").startsWith("application/json")) {
-        if (response.ok || response.redirected) { signedOut = true; sessionEnded(); }
+        if (response.ok || response.redirected) {
+          signedOut = true;
+          if (source) source.close();  // logged out elsewhere: the token still stands, so the stream would go on
+          sessionEnded();
+        }
         return;
       }
       if (!response.ok) return;
@@ -204,7 +209,7 @@ function followJob() {
   // seen, so the page never stops following a job that still runs.
   let lastEvent = live.last_event;
   function connect() {
-    const source = new EventSource("/ui/jobs/" + live.job_id + "/events?after=" + lastEvent);
+    source = new EventSource("/ui/jobs/" + live.job_id + "/events?after=" + lastEvent);
     const seen = (e) => { if (e.lastEventId) lastEvent = e.lastEventId; };
     ["trial_done", "trial_lost", "state", "job_done"].forEach((kind) => source.addEventListener(kind, (e) => {
       seen(e); refresh();
