@@ -309,6 +309,14 @@ class Store(ABC):
         KeyError for an unknown schedule."""
 
     @abstractmethod
+    def recover_abandoned_ticks(self) -> list[str]:
+        """Ticks whose replica died (the schedule's lock expired, the tick still running) are settled as a
+        claim would settle them (failed, or `retuning` with the retune job they had started), and the lock
+        is released. A schedule whose tick failed so is made due now as a manual run, once: the slot it
+        lost (and a run-now request it had taken) fires again, unless the tick before was abandoned too
+        (a tick that kills its replica would loop). Returns the names of the schedules made due."""
+
+    @abstractmethod
     def renew_tick_lock(self, tick_id: int, worker: str, lock_s: float) -> None:
         """Extends `worker`'s lock on the tick's schedule to now + `lock_s` (a long re-measurement keeps
         it); TickLost if the tick is no longer `worker`'s running tick."""

@@ -37,6 +37,7 @@ from optico.spec import JobSpec
 from optico.strategy import Strategy
 
 TICK_STATUSES = ("running", "done", "retuning", "failed", "skipped")
+ABANDONED = "stopped before the tick ended"  # in the error of a tick whose replica died
 
 
 def _schedule(row: ScheduleRow) -> ScheduleRecord:
@@ -198,6 +199,32 @@ class ScheduleSql:
             s.refresh(tick)
             return _tick(tick)
 
+    def recover_abandoned_ticks(self) -> list[str]:
+        made_due: list[str] = []
+        with self._session() as s:
+            now = self._now(s)
+            query = select(ScheduleRow).where(ScheduleRow.locked_by.is_not(None),
+                                              ScheduleRow.locked_until < self._stamp(now))
+            if self._postgres:
+                query = query.with_for_update(skip_locked=True)  # a replica claiming it now has it
+            for row in s.scalars(query):
+                ticks = list(s.scalars(select(TickRow).where(TickRow.schedule_id == row.id)
+                                       .order_by(TickRow.id.desc()).limit(2)))
+                abandoned = [t for t in ticks if t.status == "running"]
+                if not abandoned:
+                    continue
+                before = next((t for t in ticks if t.status != "running"), None)
+                looping = before is not None and before.status == "failed" and \
+                    ABANDONED in str((before.report or {}).get("error", ""))
+                self._fail_abandoned(s, row)
+                row.locked_by, row.locked_until = None, None
+                if any(t.status == "failed" for t in abandoned) and not looping:
+                    if as_utc(row.next_fire_at) > now:
+                        row.next_fire_at = self._stamp(now)
+                    row.run_requested = True
+                    made_due.append(row.name)
+        return made_due
+
     def _fail_abandoned(self, s: Session, row: ScheduleRow) -> None:
         """Ticks left running by a replica whose lock expired: it died mid-tick. One that had already
         created its retune job is `retuning` with it (the job runs on; the tick is closed when it ends,
@@ -205,7 +232,7 @@ class ScheduleSql:
         from optico.pool.store import _key_matches
 
         for tick in s.scalars(select(TickRow).where(TickRow.schedule_id == row.id, TickRow.status == "running")):
-            stopped = f"its replica ({tick.worker}) stopped before the tick ended; the lock expired"
+            stopped = f"its replica ({tick.worker}) {ABANDONED}; the lock expired"
             job_id = tick.retune_job_id or s.scalars(
                 select(JobRow.id).where(_key_matches(_tick(tick).retune_job_key))).first()
             if job_id is not None:

@@ -39,8 +39,10 @@ def settle_all(store: Store) -> list[TickRecord]:
 
 
 def fire_due(store: Store, *, worker: str, lock_s: float = DEFAULT_LOCK_S) -> list[TickRecord]:
-    """One scheduler poll: close ended retunes, then fire every due schedule this replica wins."""
+    """One scheduler poll: close ended retunes, settle ticks whose replica died (their lost slot fires
+    again, once), then fire every due schedule this replica wins."""
     settle_all(store)
+    store.recover_abandoned_ticks()
     fired = []
     for due in store.due_schedules():
         following = next_fire(due.cron, max(store.db_now(), due.next_fire_at))

@@ -206,3 +206,32 @@ def test_a_tick_that_breaks_after_starting_its_retune_follows_that_job(store: Sq
     assert closed.status == "done" and incumbent is not None and incumbent.job_id == record.retune_job_id
     assert incumbent.fingerprint == {"framework_version": "24.10"}
     assert run_now(store, "nightly", database_url=db_url).outcome == "no-change"
+
+
+def test_a_slot_whose_replica_died_mid_tick_fires_again_once(store: SqlStore, db_url: str) -> None:
+    """A service killed mid-tick: its slot had been advanced and its run-now request spent at the claim,
+    so nothing fired until the next night while the history showed the tick `running` all day."""
+    from optico.retune.cron import next_fire
+
+    add_schedule(store, "nightly", max_trials=3)
+    slot = store.get_schedule("nightly").next_fire_at
+
+    def die_mid_tick() -> int:
+        store.fire_now("nightly")  # a run-now request, as `POST .../run` makes
+        due = store.get_schedule("nightly").next_fire_at
+        tick = store.claim_tick("nightly", "dying-replica", 0.3, due_at=due,
+                                next_fire_at=next_fire("0 2 * * *", max(store.db_now(), due)))
+        time.sleep(0.6)  # the replica is gone; its lock expires
+        return tick.id
+
+    first = die_mid_tick()
+    fired = fire_due(store, worker="survivor", lock_s=30)
+    assert store.get_tick(first).status == "failed" and "stopped before the tick ended" in \
+        store.get_tick(first).report["error"]
+    assert len(fired) == 1 and fired[0].trigger == "manual" and fired[0].status in ("done", "retuning")
+    assert store.get_schedule("nightly").next_fire_at == slot  # the next night's slot is kept
+    # A tick that kills its replica every time is not fired again and again: two abandoned in a row stop.
+    second = die_mid_tick()
+    third = die_mid_tick()
+    assert fire_due(store, worker="survivor", lock_s=30) == []
+    assert [store.get_tick(t).status for t in (second, third)] == ["failed", "failed"]
