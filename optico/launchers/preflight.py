@@ -155,6 +155,21 @@ def _ray_starts_here(launcher) -> bool:
     return False
 
 
+# ray.init() keywords that describe a cluster it starts; connecting to a running one, ray.init() refuses
+# them, and the job failed after it had been written ("When connecting to an existing cluster, num_cpus
+# and num_gpus must not be provided").
+STARTING_ONLY = ("num_cpus", "num_gpus", "resources", "labels", "object_store_memory", "_system_config",
+                 "_enable_object_reconstruction", "_node_name")
+
+
+def _check_ray_init_for_a_running_cluster(ray_init: dict) -> None:
+    for key in STARTING_ONLY:
+        if ray_init.get(key) is not None:
+            raise SpecError(f"launcher.ray_init.{key}", "describes a cluster that optico starts (address: local); "
+                                                        "this spec connects to a running one, which ray.init() "
+                                                        "refuses it for: remove it")
+
+
 def _check_ray(spec, world: int) -> int | None:
     """Ray importable, its cluster reachable, ray_init's keywords real; the logical GPUs ray_init
     declares, if any."""
@@ -200,6 +215,8 @@ def check_launch(spec) -> None:
     if launcher.kind == "ray":
         logical = _check_ray(spec, w.world_size)
         on_this_machine = _ray_starts_here(launcher)  # a new Ray cluster on this machine
+        if not on_this_machine:
+            _check_ray_init_for_a_running_cluster(launcher.ray_init)
     if not on_this_machine:
         return
     for problem in _program_needs(spec):

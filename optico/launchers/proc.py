@@ -108,10 +108,7 @@ class ProcessRun:
         path = self.run_dir / f"{self.file_prefix}{name}.log"
         with open(path, "a", encoding="utf-8", errors="replace", opener=private_opener) as fh:
             while True:
-                try:
-                    raw = await stream.readline()
-                except ValueError:  # a line over the limit: take what is buffered
-                    raw = await stream.read(1 << 20)
+                raw = await _next_piece(stream)
                 if not raw:
                     return
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
@@ -162,3 +159,16 @@ class ProcessRun:
         for task in self._pumps:
             task.cancel()
         return code
+
+
+async def _next_piece(stream: asyncio.StreamReader) -> bytes:
+    """The next line, or the next MiB of a line longer than the stream's limit (its rest follows as more
+    pieces). `readline` threw a line over the limit away whole (a tensor printed into an exception, a
+    progress bar redrawn with \\r): the error or the metrics in it were never read."""
+    try:
+        return await stream.readuntil(b"\n")
+    except asyncio.IncompleteReadError as exc:  # the end: a last line without its newline
+        return exc.partial
+    except asyncio.LimitOverrunError:  # over the limit: the data stays buffered; take it in pieces
+        return await stream.read(1 << 20)
+

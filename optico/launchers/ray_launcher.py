@@ -45,6 +45,7 @@ from optico.launchers.proc import ProcessRun
 from optico.launchers.program import MegatronCoreProgram, MegatronLMProgram, PreparedRun, prepare
 from optico.launchers.results import OutputCollector, RunEnd, port_was_taken
 from optico.private_files import private_opener, write_private_text
+from optico.redact import MASK, known_secrets
 from optico.strategy import Strategy
 from optico.trial import FailureCategory, LaunchResult
 from optico.workload import Workload
@@ -120,8 +121,12 @@ class NodeAgent:
         argv = run.command(str(directory), node_rank=self.node_rank, master_addr=master_addr,
                            master_port=master_port, trial_key=trial_key, python=sys.executable)
         write_private_text(directory / "command.txt", shlex.join(argv) + "\n")
-        self.run = ProcessRun(argv, env=child_env(env, pass_env), cwd=run.cwd, run_dir=directory, token=token,
-                              sink=lambda _stream, line: self.lines.append(line))
+        child = child_env(env, pass_env)  # registers, in this actor's process, the secrets the run was given
+        # Those values are known here only: the driver, which stores and shows the output (and hands it to
+        # a failure analysis, maybe an LLM), never saw them. So lines leave this actor without them.
+        hidden = known_secrets()
+        self.run = ProcessRun(argv, env=child, cwd=run.cwd, run_dir=directory, token=token,
+                              sink=lambda _stream, line: self.lines.append(_without(line, hidden)))
         await self.run.start()
         self._waiter = asyncio.create_task(self._wait())
         return {"run_dir": str(directory), "argv": argv, "pid": self.run.pid}
@@ -143,6 +148,15 @@ class NodeAgent:
         code = await self.run.kill(grace_s)
         self.finished, self.exit_code = True, code if self.exit_code is None else self.exit_code
         return code
+
+
+def _without(line: str, secrets: list[str]) -> str:
+    """`line` with each of `secrets` (longest first) replaced by the mask; nothing else changed, so a
+    metrics line parses as it was."""
+    for secret in secrets:
+        if secret in line:
+            line = line.replace(secret, MASK)
+    return line
 
 
 class RayLauncher(Launcher):

@@ -344,3 +344,49 @@ def test_ray_without_an_address_and_no_cluster_is_checked_as_a_new_local_cluster
         with pytest.raises(SpecError, match="no Ray cluster answers at 127.0.0.1:1") as refused:
             check_launch(parse_spec(data))
         assert refused.value.field == "launcher.address"
+
+
+def test_ray_init_resources_for_a_running_cluster_are_refused_before_a_job_exists(tmp_path):
+    """Connecting to a running cluster, ray.init() refuses num_cpus/num_gpus: the spec passed the checks,
+    the job was written, and it failed at its first launch."""
+    import socket
+
+    import yaml
+
+    from optico.launchers.preflight import check_launch
+    from tests.conftest import EXAMPLES
+
+    listener = socket.create_server(("127.0.0.1", 0))  # something answers at the address, as a head would
+    try:
+        data = yaml.safe_load((EXAMPLES / "tiny-gpt-cpu.yaml").read_text())
+        data["launcher"].update(kind="ray", address=f"127.0.0.1:{listener.getsockname()[1]}",
+                                ray_init={"num_cpus": 2, "num_gpus": 2})
+        with pytest.raises(SpecError, match="connects to a running one") as refused:
+            check_launch(parse_spec(data))
+        assert refused.value.field == "launcher.ray_init.num_cpus"
+        data["launcher"]["ray_init"] = {}
+        check_launch(parse_spec(data))  # without them, the same spec passes
+    finally:
+        listener.close()
+
+
+def test_a_line_longer_than_the_pipe_limit_is_read_in_pieces_not_thrown_away(tmp_path):
+    """A 3 MB line (a tensor printed into an exception) was dropped whole by readline's overrun: the
+    error text in it, and everything it held, never reached the log or the parsers."""
+    import asyncio
+    import sys
+
+    from optico.launchers.proc import ProcessRun
+
+    script = "import sys; sys.stdout.write('L' * 3_000_000 + ' CUDA out of memory\\nTAIL\\n')"
+    seen: list[str] = []
+    run = ProcessRun([sys.executable, "-c", script], env={"PATH": "/usr/bin:/bin"}, cwd=None, run_dir=tmp_path,
+                     token="t", sink=lambda _stream, line: seen.append(line))
+
+    async def go() -> int | None:
+        await run.start()
+        return await run.wait(60)
+
+    assert asyncio.run(go()) == 0
+    text = "".join(seen[:-1])
+    assert text.count("L") == 3_000_000 and text.endswith(" CUDA out of memory") and seen[-1] == "TAIL"

@@ -171,3 +171,18 @@ def test_timeout_and_cancel_remove_actors_groups_and_processes(ray_cluster, tmp_
 
     asyncio.run(cancel())
     assert_clean(tmp_path)
+
+
+def test_a_secret_a_node_passes_to_its_run_never_leaves_the_node_actor(ray_cluster, tmp_path: Path):
+    """`pass_env: [WANDB_API_KEY]` on a node that holds it: the run printed it, and the driver, which stores
+    the log and never saw the value, stored it in clear (the local launcher masked it)."""
+    value = "wandb-node-secret-0123456789abcdef"
+    w = tiny(gpus_per_node=1, nodes=1, gpu="h100-sxm")
+    printing = MegatronLMProgram(kind="megatron-lm", command=fake_command("--fake-print-env"), train_iters=8)
+    result = asyncio.run(launcher(tmp_path, printing, pass_env=("WANDB_API_KEY",),
+                                  runtime_env={"env_vars": {"WANDB_API_KEY": value}}).launch(
+        w, strategy_from_mapping({}), trial_key="node-secret"))
+    assert result.ok, result.log
+    output = Path(result.log_path).read_text()  # the driver's copy of the whole output
+    assert "WANDB_API_KEY=***" in output and value not in output and value not in result.log
+    assert_clean(tmp_path)
