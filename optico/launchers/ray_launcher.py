@@ -32,10 +32,11 @@ import random
 import shlex
 import socket
 import sys
+import threading
 import time
 import uuid
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_fixed
 
@@ -53,12 +54,19 @@ from optico.workload import Workload
 POLL_S = 0.5
 ACTOR_START_S = 300.0  # runtime_env setup (a container image, a working_dir upload) can take minutes
 CALL_TIMEOUT_S = 60.0  # an agent that does not answer a poll in this long is lost
+GCS_CALL_S = 10.0  # a blocking call to the cluster's GCS (teardown) is given up after this
+GCS_PROBE_S = 3.0  # after a lost attempt: does the cluster's GCS still answer on its port?
 PEER_GRACE_S = 5.0  # after one node fails, the others get this long to print their errors
 AGENT_BUFFER = 100_000  # lines an agent keeps between polls
 
 
 class InfraFailure(Exception):
     """A node, actor or the Ray runtime failed under a trial: worth re-running."""
+
+
+class ClusterGone(RuntimeError):
+    """The Ray cluster itself stopped answering: the job fails with the reason (not re-run on a cluster
+    that is not there; `optico tune --resume` once it is back)."""
 
 
 # torchrun binds the master port a moment after the rank-0 agent found it free. A port from the
@@ -150,6 +158,45 @@ class NodeAgent:
         return code
 
 
+async def _off_the_loop(work: Callable[[], None], timeout: float) -> bool:
+    """Runs `work` in a daemon thread, waiting at most `timeout`; False if it had not returned. A daemon
+    thread, not the loop's executor: a call that never returns must not hold the process at its exit."""
+    loop = asyncio.get_running_loop()
+    finished = loop.create_future()
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException:  # noqa: BLE001 - the caller only waits for it
+            pass
+        try:
+            loop.call_soon_threadsafe(lambda: finished.done() or finished.set_result(None))
+        except RuntimeError:  # the loop has closed meanwhile
+            pass
+
+    threading.Thread(target=run, name="optico-ray-gcs-call", daemon=True).start()
+    try:
+        await asyncio.wait_for(asyncio.shield(finished), timeout)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
+def _gcs_unreachable(ray) -> str | None:
+    """Why the cluster's GCS does not answer a TCP connect in GCS_PROBE_S (None: it answers, or this Ray
+    does not say where it is)."""
+    address = "?"
+    try:
+        address = ray.get_runtime_context().gcs_address
+        host, port = address.rsplit(":", 1)
+        socket.create_connection((host.strip("[]"), int(port)), timeout=GCS_PROBE_S).close()
+    except OSError as exc:
+        return f"its GCS at {address}: {exc.strerror or type(exc).__name__}"
+    except Exception:  # noqa: BLE001 - no runtime context, an address of another shape: nothing to say
+        return None
+    return None
+
+
 def _without(line: str, secrets: list[str]) -> str:
     """`line` with each of `secrets` (longest first) replaced by the mask; nothing else changed, so a
     metrics line parses as it was."""
@@ -232,6 +279,9 @@ class RayLauncher(Launcher):
                         lost.append(f"attempt {number}: {exc}")
                         if progress:
                             progress(f"[optico] attempt {number} lost to an infrastructure fault: {exc}")
+                        gone = _gcs_unreachable(ray)
+                        if gone:  # a new attempt would block creating its placement group on a dead GCS
+                            raise ClusterGone(f"the Ray cluster stopped answering ({gone}): {exc}") from None
                         raise
         except InfraFailure:
             duration = time.monotonic() - t0
@@ -371,15 +421,19 @@ class RayLauncher(Launcher):
             await asyncio.shield(stop_all())
         except BaseException:  # noqa: BLE001 - a dead actor, a timeout, a second cancel: kill anyway
             pass
-        for a in agents:
+        def release() -> None:
+            for a in agents:
+                try:
+                    ray.kill(a, no_restart=True)
+                except Exception:
+                    pass
             try:
-                ray.kill(a, no_restart=True)
+                remove_placement_group(pg)
             except Exception:
                 pass
-        try:
-            remove_placement_group(pg)
-        except Exception:
-            pass
+        # Synchronous calls to the cluster's GCS: with the GCS gone (`ray stop --force`) they never return,
+        # and they held the event loop until Ray's core ended the process, the job left `running`.
+        await _off_the_loop(release, GCS_CALL_S)
 
     def _unplaceable(self, ray, run: PreparedRun, workload: Workload, directory) -> LaunchResult:
         need = run.nnodes * run.nproc_per_node
