@@ -201,6 +201,11 @@ class ScheduleSql:
 
     def recover_abandoned_ticks(self) -> list[str]:
         made_due: list[str] = []
+        with self._session(read=True) as s:  # every poll asks; a write transaction only when one is found
+            if s.scalars(select(ScheduleRow.id).where(
+                    ScheduleRow.locked_by.is_not(None),
+                    ScheduleRow.locked_until < self._stamp(self._now(s))).limit(1)).first() is None:
+                return made_due
         with self._session() as s:
             now = self._now(s)
             query = select(ScheduleRow).where(ScheduleRow.locked_by.is_not(None),
