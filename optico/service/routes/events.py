@@ -30,6 +30,10 @@ from optico.service.settings import ServiceSettings
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["events"])
 BATCH = 500
+# The stream's own events, besides the job's (optico/events.py): the job ended and all was sent; the
+# token the stream was opened with was revoked.
+END = "end"
+SESSION_ENDED = "session_ended"
 
 
 def may_end(job: JobRecord) -> bool:
@@ -85,8 +89,8 @@ async def job_event_stream(request: Request, store: Store, settings: ServiceSett
                            last: int, token: str) -> AsyncIterator[ServerSentEvent]:
     """The events of job `job_id` after seq `last`, then live ones, until the job has ended (see the
     module docstring); shared by the API and the dashboard. `token`: what the stream was opened with;
-    once it is revoked the stream ends without `end`, and the client's reconnect is refused (a stream
-    lasts as long as its job, days on a cluster)."""
+    once it is revoked the stream sends `session_ended` (not `end`: the job goes on) and closes, and the
+    client's reconnect is refused (a stream lasts as long as its job, days on a cluster)."""
     quiet_since = checked = time.monotonic()
     yield ServerSentEvent(comment="optico event stream", retry=3000)
     # A server shutting down ends the stream without `end`: the job has not ended, and the client
@@ -95,6 +99,8 @@ async def job_event_stream(request: Request, store: Store, settings: ServiceSett
         if time.monotonic() - checked >= settings.sse_recheck_s:
             checked = time.monotonic()
             if await run_in_threadpool(store.authenticate, token) is None:
+                # Said before closing, so that a browser does not reconnect into the login page.
+                yield ServerSentEvent(data={"reason": "token revoked"}, event=SESSION_ENDED)
                 return
         batch = await run_in_threadpool(store.events, job_id, last, BATCH)
         for stored in batch:
@@ -114,7 +120,7 @@ async def job_event_stream(request: Request, store: Store, settings: ServiceSett
                 continue  # send what settling wrote
             tail = await run_in_threadpool(store.events, job_id, last, BATCH)
             if not tail:
-                yield ServerSentEvent(data={"status": current.status.value}, event="end", id=str(last))
+                yield ServerSentEvent(data={"status": current.status.value}, event=END, id=str(last))
                 return
             continue
         if batch:

@@ -215,6 +215,8 @@ function followJob() {
       seen(e); refresh();
     }));
     source.addEventListener("end", () => { source.close(); refresh(); });
+    // The token was revoked: a reconnect would be redirected to the login page.
+    source.addEventListener("session_ended", () => { signedOut = true; source.close(); sessionEnded(); });
     source.addEventListener("error", () => {
       if (source.readyState !== EventSource.CLOSED) return;
       // Refused: first ask for the rows (which finds a session that ended), then reconnect unless it had.
