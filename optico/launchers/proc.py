@@ -8,6 +8,11 @@ kill sends SIGTERM to the group (torchrun forwards it to its workers), waits, th
 every process that still carries the token. `processes_with_token` is also how tests prove
 that nothing was left behind.
 
+A launcher SIGKILLed mid-run (a worker, a Ray actor whose raylet died) kills nothing: its run goes
+on holding the GPUs, and the trial re-run by the next worker meets it there. Every process of a run
+therefore also carries ``OPTICO_RUN_OWNER=<pid>:<start time>:<pid namespace>`` of the process that
+started it, and each start first kills the runs whose owner is gone (`reap_orphaned_runs`).
+
 Used by the local launcher directly and by the Ray launcher's node agents (in the actor).
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import time
@@ -24,13 +30,15 @@ from pathlib import Path
 from optico.private_files import private_opener
 
 TOKEN_ENV = "OPTICO_RUN_TOKEN"
+OWNER_ENV = "OPTICO_RUN_OWNER"
 LineSink = Callable[[str, str], None]  # (stream name, line without newline)
+log = logging.getLogger(__name__)
 
 
-def processes_with_token(token: str | None) -> list[int]:
-    """Live (non-zombie) processes whose environment holds OPTICO_RUN_TOKEN=`token` (any
-    token for None); this process excluded. Linux /proc; an empty list elsewhere."""
-    marker = f"{TOKEN_ENV}={token or ''}".encode()
+def _marked_processes() -> list[tuple[int, list[bytes]]]:
+    """(pid, environment entries) of the live (non-zombie) processes of any run; this process
+    excluded. Linux /proc; an empty list elsewhere."""
+    marker = f"{TOKEN_ENV}=".encode()
     me, found = os.getpid(), []
     try:
         entries = os.listdir("/proc")
@@ -42,15 +50,67 @@ def processes_with_token(token: str | None) -> list[int]:
         try:
             with open(f"/proc/{entry}/environ", "rb") as fh:
                 env = fh.read().split(b"\0")
-            if not (marker in env if token else any(v.startswith(marker) for v in env)):
+            if not any(v.startswith(marker) for v in env):
                 continue
             with open(f"/proc/{entry}/stat", "rb") as fh:
                 state = fh.read().rsplit(b")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
         if state not in (b"Z", b"X"):
-            found.append(int(entry))
+            found.append((int(entry), env))
     return found
+
+
+def processes_with_token(token: str | None) -> list[int]:
+    """Live (non-zombie) processes whose environment holds OPTICO_RUN_TOKEN=`token` (any
+    token for None); this process excluded. Linux /proc; an empty list elsewhere."""
+    marker = f"{TOKEN_ENV}={token}".encode()
+    return [pid for pid, env in _marked_processes() if token is None or marker in env]
+
+
+def _start_time(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot): a pid reused later has another. None if
+    no such process, or only its zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return None if fields[0] in (b"Z", b"X") else fields[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def owner_identity() -> str | None:
+    """This process as the owner of the runs it starts: `pid:start time:pid namespace`; None where
+    /proc cannot tell (then its runs are never reaped)."""
+    start, namespace = _start_time(os.getpid()), _pid_namespace()
+    return None if start is None or namespace is None else f"{os.getpid()}:{start}:{namespace}"
+
+
+def _owner_gone(owner: str, namespace: str) -> bool:
+    pid, start, owner_namespace = owner.split(":", 2)
+    # Another pid namespace's pids mean nothing here (a container's runs seen from its host).
+    return owner_namespace == namespace and pid.isdigit() and _start_time(int(pid)) != start
+
+
+def reap_orphaned_runs() -> list[int]:
+    """SIGKILLs every process of a run whose owner (the optico or Ray actor that started it) has died:
+    nobody will read its output or stop it, and it holds GPUs a new run needs. Returns their pids."""
+    namespace = _pid_namespace()
+    if namespace is None:
+        return []
+    prefix = f"{OWNER_ENV}=".encode()
+    orphans = [pid for pid, env in _marked_processes()
+               for entry in env if entry.startswith(prefix)
+               and _owner_gone(entry[len(prefix):].decode(errors="replace"), namespace)]
+    _signal(orphans, signal.SIGKILL)
+    return orphans
 
 
 def _signal(pids: list[int], sig: int) -> None:
@@ -92,8 +152,15 @@ class ProcessRun:
         return self.proc.returncode if self.proc else None
 
     async def start(self) -> None:
+        orphans = reap_orphaned_runs()
+        if orphans:
+            log.warning("killed %d process(es) of runs whose launcher died (pids %s)", len(orphans),
+                        " ".join(map(str, orphans)))
         env = dict(self.env)
         env[TOKEN_ENV] = self.token
+        owner = owner_identity()
+        if owner is not None:
+            env[OWNER_ENV] = owner
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.proc = await asyncio.create_subprocess_exec(

@@ -390,3 +390,63 @@ def test_a_line_longer_than_the_pipe_limit_is_read_in_pieces_not_thrown_away(tmp
     assert asyncio.run(go()) == 0
     text = "".join(seen[:-1])
     assert text.count("L") == 3_000_000 and text.endswith(" CUDA out of memory") and seen[-1] == "TAIL"
+
+
+def test_a_run_whose_launcher_died_is_killed_when_the_next_run_starts(tmp_path):
+    """A worker or Ray actor SIGKILLed mid-trial left its run holding the GPUs (here: a run that ignores
+    the SIGTERM its parent's death sends), and the trial's re-run met it there. A run whose launcher
+    is alive is left alone."""
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from optico.launchers.proc import ProcessRun, processes_with_token
+
+    sleeper = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(120)"
+
+    def run(token: str, where: str) -> ProcessRun:
+        return ProcessRun([sys.executable, "-c", sleeper], env={"PATH": "/usr/bin:/bin"}, cwd=None,
+                          run_dir=tmp_path / where, token=token)
+
+    orphan_token, live_token, next_token = (f"reap-{uuid.uuid4().hex[:8]}-{n}" for n in range(3))
+    launcher = subprocess.Popen([sys.executable, "-c", (
+        "import asyncio, sys\nfrom pathlib import Path\nfrom optico.launchers.proc import ProcessRun\n"
+        "async def go():\n"
+        f"    run = ProcessRun([sys.executable, '-c', {sleeper!r}], env={{'PATH': '/usr/bin:/bin'}}, cwd=None,\n"
+        f"                     run_dir=Path({str(tmp_path / 'orphan')!r}), token={orphan_token!r})\n"
+        "    await run.start()\n    print('started', flush=True)\n    await asyncio.sleep(120)\n"
+        "asyncio.run(go())\n")], stdout=subprocess.PIPE, text=True)
+
+    async def scenario() -> None:
+        live, fresh = run(live_token, "live"), run(next_token, "next")
+        try:
+            assert launcher.stdout.readline().strip() == "started"
+            said = tmp_path / "orphan" / "stdout.log"
+            deadline = time.monotonic() + 30
+            while not (said.exists() and "up" in said.read_text()) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)  # until it ignores SIGTERM
+            await live.start()
+            assert processes_with_token(orphan_token)  # its launcher alive: this start left it be
+            launcher.send_signal(signal.SIGKILL)
+            launcher.wait(10)
+            time.sleep(1)
+            assert processes_with_token(orphan_token)  # orphaned: it ignored SIGTERM and runs on
+            await fresh.start()
+            deadline = time.monotonic() + 5
+            while processes_with_token(orphan_token) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert processes_with_token(orphan_token) == []
+            assert processes_with_token(live_token) and processes_with_token(next_token)
+        finally:
+            launcher.kill()
+            for started in (live, fresh):
+                await started.kill(grace_s=1)
+            for token in (orphan_token, live_token, next_token):
+                for pid in processes_with_token(token):
+                    os.kill(pid, signal.SIGKILL)
+
+    asyncio.run(scenario())

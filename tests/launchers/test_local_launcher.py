@@ -194,7 +194,7 @@ def test_training_processes_never_see_our_secrets(tmp_path: Path, monkeypatch: p
     result = asyncio.run(launcher.launch(w, strategy_from_mapping({"tp": 1}), trial_key="job1-trial1"))
     assert result.ok, result.log
     env = json.loads((Path(result.log_path).parent / "env-rank0.json").read_text())
-    assert not [k for k in env if k.startswith("OPTICO_") and k not in ("OPTICO_RUN_TOKEN",)
+    assert not [k for k in env if k.startswith("OPTICO_") and k not in ("OPTICO_RUN_TOKEN", "OPTICO_RUN_OWNER")
                 and not k.startswith("OPTICO_BENCH_")]
     assert key not in json.dumps(env) and password not in json.dumps(env) and "OPENAI_API_KEY" not in env
     assert "UNRELATED_VAR" not in env and env["NCCL_DEBUG"] == "WARN" and env["MY_FLAG"] == "on"
