@@ -155,7 +155,7 @@ def seed(state: LoopState, runtime: Runtime[LoopContext]) -> LoopState:
 async def _launch(ctx: LoopContext, job_id: int, index: int, strategy: Strategy, trial_id: int) -> Trial:
     """Runs the claimed trial through the launcher and stores its outcome. Cancelling the task that
     awaits this kills the run (the launcher contract) before the CancelledError propagates."""
-    trial = ctx.store.begin_attempt(trial_id, worker=ctx.worker)
+    trial = ctx.store.begin_attempt(trial_id, gpus=ctx.spec.workload.world_size, worker=ctx.worker)
 
     def progress(line: str) -> None:
         _emit(ctx, job_id, TrialLog(index=index, line=clip(line, 500)))

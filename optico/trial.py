@@ -101,7 +101,11 @@ class Trial(BaseModel):
     metrics: Metrics | None = None
     failure: Failure | None = None
     rationale: str = ""
-    gpu_seconds: float = 0.0
+    gpu_seconds: float = Field(0.0, description="GPU-seconds its launches spent: the one with the result, and "
+                                                "lost_gpu_seconds.")
+    lost_gpu_seconds: float = Field(0.0, description="GPU-seconds of its launches that ended without a result "
+                                                     "(its worker died or stopped, the job was cancelled), up "
+                                                     "to the worker's last heartbeat.")
     fingerprint: dict[str, Any] = Field(default_factory=dict)
     log_path: str | None = None
     log_excerpt: str = ""

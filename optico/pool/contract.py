@@ -191,8 +191,9 @@ class Store(ABC):
         cancelled or ended starts no new trial: NoNewTrial (checked under the job row's lock)."""
 
     @abstractmethod
-    def begin_attempt(self, trial_id: int, *, worker: str | None = None) -> Trial:
-        """Counts one more attempt of a RUNNING trial (a re-run after its worker died)."""
+    def begin_attempt(self, trial_id: int, *, gpus: int = 0, worker: str | None = None) -> Trial:
+        """Counts one more attempt of a RUNNING trial (a re-run after its worker died), launched now on
+        `gpus` GPUs: if it ends without a result, that GPU time is counted in lost_gpu_seconds."""
 
     @abstractmethod
     def finish_trial(self, trial_id: int, *, status: TrialStatus, metrics: Metrics | None = None,

@@ -130,6 +130,12 @@ class TrialRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     interruptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     wall_seconds: Mapped[float | None] = mapped_column(Float)
+    # The launch now running: when it began (database clock) and on how many GPUs. One that ends without
+    # a result (its worker died or stopped, the job was cancelled) adds its GPU time, up to its worker's
+    # last heartbeat, to lost_gpu_seconds: the GPU-hour budget and the report count what was spent.
+    attempt_started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    attempt_gpus: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    lost_gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
 
 class MessageRow(Base):

@@ -121,7 +121,8 @@ def _trial(row: TrialRow) -> Trial:
         status=TrialStatus(row.status),
         metrics=Metrics.model_validate(row.metrics) if row.metrics is not None else None,
         failure=Failure.model_validate(row.failure) if row.failure is not None else None,
-        rationale=row.rationale, gpu_seconds=row.gpu_seconds, fingerprint=row.fingerprint or {},
+        rationale=row.rationale, gpu_seconds=row.gpu_seconds + (row.lost_gpu_seconds or 0.0),
+        lost_gpu_seconds=row.lost_gpu_seconds or 0.0, fingerprint=row.fingerprint or {},
         log_path=row.log_path, log_excerpt=row.log_excerpt, attempts=row.attempts,
         interruptions=row.interruptions, wall_seconds=row.wall_seconds,
     )
@@ -353,7 +354,7 @@ class SqlStore(ScheduleSql, TokenSql, Store):
         counts = [func.coalesce(func.sum(case((TrialRow.status == st.value, 1), else_=0)), 0)
                   for st in (TrialStatus.OK, TrialStatus.FAILED, TrialStatus.LOST, TrialStatus.RUNNING)]
         with self._session(read=True) as s:
-            rows = s.execute(select(TrialRow.job_id, func.count(), func.coalesce(func.sum(TrialRow.gpu_seconds), 0.0),
+            rows = s.execute(select(TrialRow.job_id, func.count(), func.coalesce(func.sum(TrialRow.gpu_seconds + TrialRow.lost_gpu_seconds), 0.0),
                                     *counts).where(TrialRow.job_id.in_(job_ids)).group_by(TrialRow.job_id)).all()
             best_ids = s.execute(select(JobRow.id, JobRow.best_trial_id).where(JobRow.id.in_(job_ids))).all()
             wanted = [b for _, b in best_ids if b is not None]
@@ -406,6 +407,7 @@ class SqlStore(ScheduleSql, TokenSql, Store):
             if reason is not None and (to.final or to is JobStatus.STOPPING):
                 row.stop_reason = redact.redact(reason)
             if to is JobStatus.INTERRUPTED and worker is not None:
+                self._close_attempts(s, job_id, now)
                 # Its own worker stopped it cleanly (a shutdown, Ctrl-C): the running trial's launch was
                 # killed by us, not by the trial, and does not count toward the deaths that make it lost.
                 s.execute(update(TrialRow).where(
@@ -488,6 +490,7 @@ class SqlStore(ScheduleSql, TokenSql, Store):
     def _settle_cancel(self, s: Session, job: JobRow, reason: str) -> None:
         """What the worker of a cancelled run would write, for a run whose worker is gone: its running
         trial lost, job_done, and the lease let go. Inside the caller's transaction, the job row locked."""
+        self._close_attempts(s, job.id, job.heartbeat_at)
         trials = s.scalars(select(TrialRow).where(TrialRow.job_id == job.id)).all()
         for trial in trials:
             self._lose(trial, reason)
@@ -501,6 +504,8 @@ class SqlStore(ScheduleSql, TokenSql, Store):
     def _take(self, s: Session, row: JobRow, worker: str, lease_s: float, now: datetime) -> JobRow:
         previous_owner, status = row.lease_owner, JobStatus(row.status)
         takeover = status.active and previous_owner not in (None, worker)
+        # A launch still open ran under a worker that died: it ran until that worker's last heartbeat.
+        self._close_attempts(s, row.id, row.heartbeat_at)
         expires = now + timedelta(seconds=lease_s)
         row.lease_owner, row.lease_expires_at, row.heartbeat_at = worker, self._stamp(expires), self._stamp(now)
         if not status.active:
@@ -591,13 +596,16 @@ class SqlStore(ScheduleSql, TokenSql, Store):
             row = s.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.index == index)).one()
             return _trial(row)
 
-    def begin_attempt(self, trial_id: int, *, worker: str | None = None) -> Trial:
+    def begin_attempt(self, trial_id: int, *, gpus: int = 0, worker: str | None = None) -> Trial:
         with self._session() as s:
             row = _trial_or_raise(s, trial_id)
             self._fence(s, row.job_id, worker)
             if row.status != TrialStatus.RUNNING.value:
                 raise ValueError(f"trial {trial_id} is {row.status}; only a running trial is re-run")
+            now = self._now(s)
+            self._close_attempts(s, row.job_id, now)  # one its own worker left open (a launch that raised)
             row.attempts = row.attempts + 1
+            row.attempt_started_at, row.attempt_gpus = self._stamp(now), max(0, int(gpus))
             s.flush()
             return _trial(row)
 
@@ -626,6 +634,7 @@ class SqlStore(ScheduleSql, TokenSql, Store):
                     setattr(row, key, value)
                 if wall_seconds is not None:
                     row.wall_seconds = float(wall_seconds)
+                row.attempt_started_at = None  # its GPU time is the result's
                 row.finished_at = func.now()  # the database clock, like every timestamp here
                 s.flush()
             return _trial(row)
@@ -634,6 +643,7 @@ class SqlStore(ScheduleSql, TokenSql, Store):
         with self._session() as s:
             row = _trial_or_raise(s, trial_id)
             self._fence(s, row.job_id, worker)
+            self._close_attempts(s, row.job_id, self._now(s))  # its worker killed the launch just now
             self._lose(row, reason)
             s.flush()
             return _trial(row)
@@ -646,6 +656,16 @@ class SqlStore(ScheduleSql, TokenSql, Store):
             row.failure = _jsonable(Failure(category=FailureCategory.INFRASTRUCTURE, summary=redact.redact(
                 f"lost: {reason}"), confidence=100).model_dump(mode="json"), "failure")
             row.finished_at = func.now()
+
+    @staticmethod
+    def _close_attempts(s: Session, job_id: int, ended: datetime | None) -> None:
+        """Job `job_id`'s launch still open ended without a result at `ended` (None: unknown, nothing
+        added): its GPU time goes to its trial's lost_gpu_seconds, and it is open no more."""
+        for row in s.scalars(select(TrialRow).where(TrialRow.job_id == job_id, TrialRow.attempt_started_at.is_not(None))):
+            if ended is not None:
+                seconds = max(0.0, (as_utc(ended) - as_utc(row.attempt_started_at)).total_seconds())
+                row.lost_gpu_seconds = (row.lost_gpu_seconds or 0.0) + seconds * (row.attempt_gpus or 0)
+            row.attempt_started_at = None
 
     def set_trial_failure(self, trial_id: int, failure: Failure, *, worker: str | None = None) -> Trial:
         with self._session() as s:

@@ -68,6 +68,7 @@ class TrialView(_Public):
     metrics: dict[str, Any] | None
     failure: dict[str, Any] | None
     gpu_seconds: float
+    lost_gpu_seconds: float
     wall_seconds: float | None
     attempts: int
     interruptions: int
@@ -137,8 +138,9 @@ def trial_view(t: Trial) -> TrialView:
                      short=t.strategy.short(), megatron_args=t.strategy.megatron_args(), signature=t.signature,
                      rationale=t.rationale, metrics=t.metrics.model_dump(mode="json") if t.metrics else None,
                      failure=t.failure.model_dump(mode="json", exclude={"log_excerpt"}) if t.failure else None,
-                     gpu_seconds=t.gpu_seconds, wall_seconds=t.wall_seconds, attempts=t.attempts,
-                     interruptions=t.interruptions, fingerprint=t.fingerprint, log_excerpt=t.log_excerpt)
+                     gpu_seconds=t.gpu_seconds, lost_gpu_seconds=t.lost_gpu_seconds, wall_seconds=t.wall_seconds,
+                     attempts=t.attempts, interruptions=t.interruptions, fingerprint=t.fingerprint,
+                     log_excerpt=t.log_excerpt)
 
 
 def message_view(m: AgentMessage, *, reasoning: bool) -> MessageView:

@@ -14,7 +14,7 @@ from test_pool_concurrency import run_threads
 from optico.events import TrialStarted
 from optico.pool import IdempotencyConflict, IllegalTransition, JobStatus, LeaseHeld, LeaseLost, SqlStore
 from optico.pool.lifecycle import ALLOWED, LifecycleError, NoNewTrial
-from optico.pool.models import JobRow, TokenRow
+from optico.pool.models import JobRow, TokenRow, TrialRow
 from optico.strategy import Strategy
 from optico.trial import Metrics, TrialStatus
 
@@ -469,3 +469,50 @@ def test_a_job_whose_loop_ended_failed_is_not_resumed_and_a_broken_run_is(store:
     store.transition(broken, S.FAILED, reason="ConnectionError: the Ray cluster went away", worker="w1")
     store.release_lease(broken, "w1")
     assert store.transition(broken, S.QUEUED, reason="resumed on request").status is S.QUEUED
+
+
+def backdate(store: SqlStore, job_id: int, trial_id: int, *, launched_s_ago: float, heartbeat_s_ago: float) -> None:
+    """The running launch of `trial_id` began `launched_s_ago`; its worker last renewed `heartbeat_s_ago`."""
+    now = store.db_now()
+    with store.engine.begin() as conn:
+        conn.execute(update(TrialRow).where(TrialRow.id == trial_id).values(
+            attempt_started_at=store._stamp(now - timedelta(seconds=launched_s_ago))))
+        conn.execute(update(JobRow).where(JobRow.id == job_id).values(
+            heartbeat_at=store._stamp(now - timedelta(seconds=heartbeat_s_ago))))
+
+
+def test_launches_that_end_without_a_result_still_count_their_gpu_time(store: SqlStore) -> None:
+    """A trial's gpu_seconds was its last launch's: a launch whose worker died, stopped or was cancelled
+    spent GPU time that neither the GPU-hour budget nor the report counted."""
+    job_id = put_in(store, S.RUNNING, worker="w1")
+    trial = store.start_trial(job_id, 1, Strategy(), worker="w1")
+    store.begin_attempt(trial.id, gpus=8, worker="w1")
+    backdate(store, job_id, trial.id, launched_s_ago=100, heartbeat_s_ago=40)  # w1 died 60 s into it
+    expire_lease(store, job_id)
+    store.claim_job("w2", 60, job_id=job_id)
+    assert store.get_trial(trial.id).lost_gpu_seconds == pytest.approx(60 * 8, abs=1)  # to its last heartbeat
+    store.begin_attempt(trial.id, gpus=8, worker="w2")
+    backdate(store, job_id, trial.id, launched_s_ago=30, heartbeat_s_ago=0)
+    store.transition(job_id, S.INTERRUPTED, worker="w2")  # w2 stops cleanly 30 s in
+    assert store.get_trial(trial.id).lost_gpu_seconds == pytest.approx(90 * 8, abs=2)
+    store.claim_job("w3", 60, job_id=job_id)
+    store.begin_attempt(trial.id, gpus=8, worker="w3")
+    done = store.finish_trial(trial.id, status=TrialStatus.OK, metrics=METRICS, gpu_seconds=1000.0, worker="w3")
+    assert done.gpu_seconds == pytest.approx(1000 + 90 * 8, abs=2) and done.lost_gpu_seconds < done.gpu_seconds
+    assert store.job_stats([job_id])[job_id].gpu_seconds == pytest.approx(done.gpu_seconds)
+
+    cancelled = put_in(store, S.RUNNING, worker="w1")  # its worker kills the run on cancel
+    killed = store.start_trial(cancelled, 1, Strategy(), worker="w1")
+    store.begin_attempt(killed.id, gpus=4, worker="w1")
+    backdate(store, cancelled, killed.id, launched_s_ago=10, heartbeat_s_ago=0)
+    store.transition(cancelled, S.CANCELLED)
+    assert store.lose_trial(killed.id, "cancelled", worker="w1").gpu_seconds == pytest.approx(10 * 4, abs=1)
+
+    abandoned = put_in(store, S.RUNNING, worker="w1")  # cancelled, and its worker was gone
+    orphan = store.start_trial(abandoned, 1, Strategy(), worker="w1")
+    store.begin_attempt(orphan.id, gpus=2, worker="w1")
+    backdate(store, abandoned, orphan.id, launched_s_ago=50, heartbeat_s_ago=20)
+    store.transition(abandoned, S.CANCELLED)
+    expire_lease(store, abandoned)
+    assert store.settle_abandoned_cancels(abandoned) == 1
+    assert store.get_trial(orphan.id).lost_gpu_seconds == pytest.approx(30 * 2, abs=1)
