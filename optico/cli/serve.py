@@ -66,7 +66,11 @@ def _settings(database: str | None):
         base = ServiceSettings()
     except ValidationError as exc:
         first = exc.errors()[0]
-        fail(f"OPTICO_{str(first['loc'][0]).upper()}: {first['msg']}")
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if not first.get("loc"):  # a check across settings: its message names them
+            fail(message)
+        name = str(first["loc"][0]).upper()
+        fail(f"{name if name.startswith('OPTICO_') else 'OPTICO_' + name}: {message}")
     except SettingsError as exc:
         # A list setting is read as JSON before it is validated: a bare path fails there.
         field = re.search(r'field "(\w+)"', str(exc))

@@ -20,7 +20,8 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from optico import faults, redact
-from optico.events import BudgetChanged, JobEvent, JobFinished, JobStateChanged, LeaseChanged, parse_event
+from optico.events import (BudgetChanged, JobEvent, JobFinished, JobStateChanged, LeaseChanged, TrialLost,
+                           parse_event)
 from optico.pool import schema
 from optico.pool.contract import SORT_KEYS, IdempotencyConflict, Store, StoreError
 from optico.pool.db import default_database_url, make_engine
@@ -493,7 +494,8 @@ class SqlStore(ScheduleSql, TokenSql, Store):
         self._close_attempts(s, job.id, job.heartbeat_at)
         trials = s.scalars(select(TrialRow).where(TrialRow.job_id == job.id)).all()
         for trial in trials:
-            self._lose(trial, reason)
+            if self._lose(trial, reason):  # as its worker would have said it
+                self._append_event(s, job.id, TrialLost(index=trial.index, reason=redact.redact(reason)))
         best = [t.mfu for t in map(_trial, trials) if t.mfu is not None]
         self._append_event(s, job.id, JobFinished(status=JobStatus.CANCELLED.value, stop_reason="cancelled",
                                                   trials=len(trials), best_mfu=max(best) if best else None))
@@ -649,13 +651,16 @@ class SqlStore(ScheduleSql, TokenSql, Store):
             return _trial(row)
 
     @staticmethod
-    def _lose(row: TrialRow, reason: str) -> None:
-        """Marks `row` lost if it is still running (its run ended without a result we can trust)."""
-        if row.status == TrialStatus.RUNNING.value:
-            row.status = TrialStatus.LOST.value
-            row.failure = _jsonable(Failure(category=FailureCategory.INFRASTRUCTURE, summary=redact.redact(
-                f"lost: {reason}"), confidence=100).model_dump(mode="json"), "failure")
-            row.finished_at = func.now()
+    def _lose(row: TrialRow, reason: str) -> bool:
+        """Marks `row` lost if it is still running (its run ended without a result we can trust); whether
+        it was."""
+        if row.status != TrialStatus.RUNNING.value:
+            return False
+        row.status = TrialStatus.LOST.value
+        row.failure = _jsonable(Failure(category=FailureCategory.INFRASTRUCTURE, summary=redact.redact(
+            f"lost: {reason}"), confidence=100).model_dump(mode="json"), "failure")
+        row.finished_at = func.now()
+        return True
 
     @staticmethod
     def _close_attempts(s: Session, job_id: int, ended: datetime | None) -> None:

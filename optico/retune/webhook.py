@@ -59,7 +59,8 @@ def _local(address: str) -> bool:
 
 
 def _allow_local() -> bool:
-    return os.environ.get(ALLOW_LOCAL_ENV, "").strip().lower() in ("1", "true", "yes")
+    # pydantic's spellings of true, as ServiceSettings.webhook_allow_local checks them at start
+    return os.environ.get(ALLOW_LOCAL_ENV, "").strip().lower() in ("1", "true", "yes", "on", "t", "y")
 
 
 def _check_addresses(host: str, addresses: list[str]) -> None:
@@ -88,6 +89,9 @@ def check_webhook_url(url: str) -> str:
         raise ValueError(f"webhook_url: must be an http:// or https:// URL, got scheme {parts.scheme or 'none'!r}")
     if not parts.hostname:
         raise ValueError("webhook_url: the URL has no host")
+    if "@" in parts.netloc:  # urllib cannot send it, and its errors print the password
+        raise ValueError("webhook_url: must not hold a user name or password (put the secret in the path, "
+                         "as Slack and Teams do)")
     _check_addresses(parts.hostname, _literal_addresses(parts.hostname))
     return url
 

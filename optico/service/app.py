@@ -127,6 +127,10 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
         # limit, an integer of thousands of digits) with a bare 400 "error parsing the body": said
         # here as the 422 every other bad body gets, with the reason.
         problem = _body_problem(exc.__cause__) if exc.status_code == status.HTTP_400_BAD_REQUEST else None
+        if exc.status_code == status.HTTP_413_CONTENT_TOO_LARGE:  # a chunked body counted past the limit
+            refused = await _unauthenticated_api_call(request)  # anonymous: the 401 comes first, as for all
+            if refused is not None:
+                return refused
         if problem is not None:
             refused = await _unauthenticated_api_call(request)
             if refused is not None:
@@ -143,8 +147,8 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
         # may read the other.
         for header in SINGLE_HEADERS:
             if len(request.headers.getlist(header)) > 1:
-                return JSONResponse({"detail": [{"loc": ["header", header], "msg": "given more than once",
-                                                 "type": "value_error"}]}, status_code=status.HTTP_400_BAD_REQUEST)
+                return JSONResponse({"detail": f"header {header}: given more than once"},
+                                    status_code=status.HTTP_400_BAD_REQUEST)
         refused = _refused_parameter(request)
         if refused is not None:
             answered = await _unauthenticated_api_call(request)  # the token first, as for every bad request
@@ -162,6 +166,9 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
         # operation, HEAD included, is in the schema.
         response = await call_next(request)
         if response.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+            refused = await _unauthenticated_api_call(request)  # an API's methods are for its token holders
+            if refused is not None:
+                return refused
             path = request.scope["path"].removeprefix(request.scope.get("root_path", "")) or "/"
             methods = {m.strip() for m in response.headers.get("Allow", "").split(",") if m.strip()}
             methods |= {m.upper() for template, operations in app.openapi()["paths"].items()
@@ -325,10 +332,13 @@ def _shown_error(request: Request, error: dict) -> dict:
 
 
 def _echo(value: object) -> object:
-    """A rejected value as the 422 may show it: JSON scalars as they are, anything else (a non-finite
-    float, a container) as its repr, at most 200 characters."""
+    """A rejected value as the 422 may show it: JSON scalars as they are, an object by its keys only (a
+    missing field's error quotes the whole object around it, a webhook URL or an env value included),
+    anything else (a non-finite float, a list) as its repr, at most 200 characters."""
     if value is None or isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
         return value
+    if isinstance(value, dict):
+        return redact("an object with keys " + ", ".join(map(str, value)))[:200]
     return redact(value if isinstance(value, str) else repr(value))[:200]  # redacted, then cut
 
 

@@ -48,16 +48,21 @@ class ServiceSettings(BaseSettings):
     secure_cookies: bool = Field(False, description="Mark the dashboard's session cookie Secure even when a "
                                  "request arrives over http: set it behind a proxy that terminates TLS (the "
                                  "cookie is Secure on https requests anyway).")
-    page_max: int = Field(500, ge=10, le=10_000, description="Largest page a list endpoint returns.")
+    page_max: int = Field(500, ge=10, le=10_000, description="Largest page of the job list (GET /api/v1/jobs).")
     scheduler: bool = Field(True, validation_alias=AliasChoices("OPTICO_SCHEDULER", "scheduler"),
                             description="Fire due retuning schedules from this process (every replica may; a "
                                         "database lock lets one fire each tick).")
     scheduler_poll_s: float = Field(30.0, gt=0, le=3600, description="How often due schedules are looked for.")
+    # Read from the environment where a hook is sent (optico.retune.webhook); declared here so that a
+    # value that is not a boolean stops the server at start instead of meaning false.
+    webhook_allow_local: bool = Field(False, description="Let a schedule's webhook reach a loopback, link-local "
+                                      "or cloud metadata address.")
 
     @model_validator(mode="after")
     def _renew_inside_lease(self) -> ServiceSettings:
         if self.lease_renew_s is not None and self.lease_renew_s >= self.lease_s:
-            raise ValueError("OPTICO_LEASE_RENEW_S must be shorter than OPTICO_LEASE_S")
+            raise ValueError(f"OPTICO_LEASE_RENEW_S: must be shorter than OPTICO_LEASE_S "
+                             f"({self.lease_renew_s:g} s is not below {self.lease_s:g} s)")
         return self
 
     @property

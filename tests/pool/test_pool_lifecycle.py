@@ -165,7 +165,8 @@ def test_a_job_cancelled_while_its_worker_was_gone_is_settled_once_the_lease_exp
     assert job.status is S.CANCELLED and job.lease_owner is None and job.lease_expires_at is None
     lost = store.get_trial(trial.id)
     assert lost.status is TrialStatus.LOST and lost.failure.summary.startswith("lost: the job was cancelled")
-    done, lease = (e.event for e in store.events(job_id)[-2:])
+    said, done, lease = (e.event for e in store.events(job_id)[-3:])
+    assert said.kind == "trial_lost" and said.index == 1  # as a worker says it (it was not said at all)
     assert done.kind == "job_done" and done.status == "cancelled" and done.trials == 1
     assert lease.kind == "lease" and lease.action == "expired" and lease.worker == "dead"
     seq = store.last_event_seq(job_id)
@@ -191,7 +192,8 @@ def test_a_cancel_of_a_run_nobody_runs_is_settled_in_its_own_transaction(store: 
     assert lost.status is TrialStatus.LOST and "no worker ran it" in lost.failure.summary
     events = [e.event for e in store.events(job_id)]
     cancel = next(i for i, e in enumerate(events) if e.kind == "state" and e.status == "cancelled")
-    assert events[cancel + 1].kind == "job_done" and events[cancel + 1].trials == 1  # in the cancel's transaction
+    assert events[cancel + 1].kind == "trial_lost" and events[cancel + 1].index == 1  # in the cancel's transaction
+    assert events[cancel + 2].kind == "job_done" and events[cancel + 2].trials == 1
     assert [e.kind for e in events].count("job_done") == 1
     expired = [e.event for e in store.events(job_id) if e.kind == "lease" and e.event.action == "expired"]
     assert len(expired) == (1 if nobody_runs_it == "lease_expired" else 0)

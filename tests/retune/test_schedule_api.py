@@ -77,6 +77,10 @@ def test_schedules_follow_the_api_conventions(make_service, tokens: dict[str, st
         assert answer.status_code == 422, (change, answer.text)
         assert [e["loc"] for e in answer.json()["detail"]][0][:len(loc)] == loc, (change, answer.json())
         assert "q8Zr2LmX9vTy7KpW" not in answer.text  # a webhook's path is its receiver's secret: never quoted
+    # A missing field's error quoted the whole body around it, the webhook URL included.
+    missing = writer.post("/api/v1/schedules", json={"name": "x", "webhook_url": "https://hooks.example.com/T0/q8Zr2LmX9vTy7KpW"})
+    assert missing.status_code == 422 and "q8Zr2LmX9vTy7KpW" not in missing.text, missing.text
+    assert "webhook_url" in missing.text  # the body is named by its keys
 
     created = writer.post("/api/v1/schedules", json=body(webhook_url="https://hooks.example.com/T0/B0/tok123456"))
     assert created.status_code == 201, created.text

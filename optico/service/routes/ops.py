@@ -65,10 +65,13 @@ class PoolCollector(Collector):
         for state in JobStatus:
             jobs.add_metric([state.value], stats["jobs"].get(state.value, 0))
         yield jobs
-        trials = CounterMetricFamily("optico_trials", "Trials by outcome.", labels=["status"])
-        for outcome in ("running", "ok", "failed", "lost"):
+        # Finished trials only ever grow (a counter); running ones come and go (a gauge: rate() of a
+        # counter that falls reads as a reset).
+        trials = CounterMetricFamily("optico_trials", "Finished trials by outcome.", labels=["status"])
+        for outcome in ("ok", "failed", "lost"):
             trials.add_metric([outcome], stats["trials"].get(outcome, 0))
         yield trials
+        yield GaugeMetricFamily("optico_trials_running", "Trials running now.", value=stats["trials"].get("running", 0))
         seconds = stats["trial_seconds"]
         buckets = [(str(b), n) for b, n in sorted(seconds["buckets"].items())] + [("+Inf", seconds["count"])]
         yield HistogramMetricFamily("optico_trial_duration_seconds", "Wall time of finished trials.",
