@@ -527,8 +527,9 @@ def _path_field(value: Any, field: str) -> str:
     return value
 
 
-OWN_REASON = ("OptiCo's own variables (OPTICO_*, except OPTICO_BENCH_*, and OPENAI_API_KEY, its LLM key's fallback) "
-              "never reach a trial")
+# Begins with a short word: after "..._KEY: " a longer one reads as the key's value to the redactor.
+OWN_REASON = ("one of OptiCo's own variables (OPTICO_*, except OPTICO_BENCH_*, and OPENAI_API_KEY, its LLM key's "
+              "fallback), which never reach a trial")
 
 
 def _launcher(raw: Any) -> LauncherSpec:

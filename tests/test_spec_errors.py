@@ -92,6 +92,11 @@ CASES = [
     # A field named like a secret: joined, 'launcher.password: unknown field' read as an assignment and
     # the reason was masked ('launcher.password: *** field').
     (GOOD + "launcher: {kind: sim, password: hunter22}\n", "launcher.password", "unknown field"),
+    # The same with the reason: '..._API_KEY: OptiCo's own variables' was printed '..._API_KEY: ***'s own'.
+    (GOOD + "launcher: {kind: sim, env: {OPENAI_API_KEY: '***'}}\n", "launcher.env.OPENAI_API_KEY",
+     "one of OptiCo's own variables"),
+    (GOOD + "launcher: {kind: sim, pass_env: [OPTICO_LLM_API_KEY]}\n", "launcher.pass_env",
+     "one of OptiCo's own variables"),
     (GOOD.replace("workload:", "workload:\n  tokenizer: gpt2"), "workload.tokenizer", "unknown field"),
     (GOOD + "reasoner: {analysis: magic}\n", "reasoner.analysis", "rules"),
     # One past the bound, said in full (it read '4.29497e+09 is outside ... to 4.29497e+09').

@@ -7,13 +7,17 @@ the API version differ. See docs/llm.md for one block per endpoint kind.
 
 from __future__ import annotations
 
-import ipaddress
 import math
+import re
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
+import httpx
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from optico.host_addresses import is_link_local, literal_addresses
+from optico.redact import redact
 
 # USD per million (prompt, completion) tokens, list prices when this table was written.
 # Local servers (vLLM, SGLang, Ollama) cost nothing per token: their models are not listed,
@@ -126,15 +130,14 @@ class LLMSettings(BaseSettings):
             parts.port  # noqa: B018 - raises on a port that is no port (99999, 'x')
         except ValueError as exc:
             raise ValueError(f"the URL's port: {exc}") from None
-        host = parts.hostname.rstrip(".")
-        try:  # as an address is written: dotted, IPv6, IPv4-mapped IPv6, or one integer (2852039166)
-            address = ipaddress.ip_address(int(host) if host.isdigit() else host)
-        except ValueError:
-            address = None
-        mapped = getattr(address, "ipv4_mapped", None)
-        if address is not None and (address.is_link_local or (mapped is not None and mapped.is_link_local)):
+        # In every spelling the resolver takes: 2852039166, 0xa9fea9fe, 169.254.43518, octal, IPv4-mapped.
+        if any(is_link_local(a) for a in literal_addresses(parts.hostname)):
             raise ValueError(f"{parts.hostname} is a link-local address (a cloud metadata service), "
                              "not a model server")
+        try:  # what the HTTP client refuses (a leading zero in a dotted address, 1.2.3.04) fails here, not per call
+            httpx.URL(url.strip())
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"not a URL the HTTP client takes ({redact(str(exc))[:120]})") from None
         return url.strip()
 
     @field_validator("model")
@@ -204,8 +207,14 @@ def load_settings(**overrides: object) -> LLMSettings:
         settings = LLMSettings(**overrides)
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
+        where = ".".join(str(p) for p in err["loc"][:1])  # the variable; not a key inside its JSON
         msg = err["msg"].removeprefix("Value error, ")
         raise ValueError(f"OPTICO_LLM_{where.upper()}: {msg}" if where else msg) from None
+    except (SettingsError, RecursionError) as exc:
+        # A JSON setting is decoded before it is validated: not JSON, or nested past the parser's depth.
+        field = re.search(r'field "(\w+)"', str(exc)) if isinstance(exc, SettingsError) else None
+        name = f"OPTICO_LLM_{field.group(1).upper()}" if field else "OPTICO_LLM_PRICES"
+        example = " e.g. '{\"my-model\": [0.5, 1.5]}' (USD per million tokens)" if name.endswith("PRICES") else ""
+        raise ValueError(f"{name}: not valid JSON, or nested or long past what is read;{example}") from None
     settings.require_model()
     return settings

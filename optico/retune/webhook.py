@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from optico import __version__, redact
+from optico.host_addresses import literal_addresses
 
 log = logging.getLogger("optico.retune")
 
@@ -92,30 +93,8 @@ def check_webhook_url(url: str) -> str:
     if "@" in parts.netloc:  # urllib cannot send it, and its errors print the password
         raise ValueError("webhook_url: must not hold a user name or password (put the secret in the path, "
                          "as Slack and Teams do)")
-    _check_addresses(parts.hostname, _literal_addresses(parts.hostname))
+    _check_addresses(parts.hostname, literal_addresses(parts.hostname))
     return url
-
-
-def _literal_addresses(host: str) -> list[str]:
-    """The addresses a host names without DNS: an IP literal, the legacy IPv4 forms the resolver also
-    takes (127.1, 2130706433, 0x7f000001, 017700000001, 0) and localhost. Checked when the schedule is
-    saved, not only when the hook is sent; any other name is resolved then."""
-    try:  # as the resolver reads it: 'localhost.' and 'ｌｏｃａｌｈｏｓｔ' (IDNA folds it) are localhost
-        host = host.encode("idna").decode("ascii").rstrip(".").lower()
-    except UnicodeError:
-        host = host.rstrip(".").lower()
-    try:
-        return [str(ipaddress.ip_address(host.split("%")[0]))]
-    except ValueError:
-        pass
-    if host == "localhost" or host.endswith(".localhost"):
-        return ["127.0.0.1"]
-    if re.fullmatch(r"[0-9a-fA-FxX.]+", host):
-        try:
-            return [socket.inet_ntoa(socket.inet_aton(host))]
-        except OSError:
-            return []
-    return []
 
 
 def _resolved(host: str, port: int, seconds: float) -> list[tuple[Any, ...]]:

@@ -304,6 +304,12 @@ def test_a_setting_past_its_bound_is_refused_naming_the_variable(monkeypatch: py
     ("BASE_URL", "http://[::ffff:169.254.169.254]/v1", "link-local"),
     ("BASE_URL", "http://2852039166/v1", "link-local"),  # 169.254.169.254 as one integer
     ("BASE_URL", "http://169.254.169.254./v1", "link-local"),
+    ("BASE_URL", "http://0xa9fea9fe/v1", "link-local"),  # the resolver's legacy forms: they went through
+    ("BASE_URL", "http://169.254.43518/v1", "link-local"),
+    ("BASE_URL", "http://0251.0376.0251.0376/v1", "link-local"),
+    ("BASE_URL", "http://1.2.3.04/v1", "the HTTP client"),  # a job was made, then failed with InvalidURL
+    ("PRICES", "[" * 100_000, "not valid JSON"),  # a RecursionError traceback
+    ("PRICES", "not json", "not valid JSON"),  # named no variable
     ("PRICES", '{"m": [1e308, 1]}', "from 0 to 10,000"),  # every answer's cost was unstorable: all thrown away
     ("PRICES", '{"m": [NaN, 1]}', "from 0 to 10,000"),
     ("PRICES", '{"m": [-5, -5]}', "from 0 to 10,000"),
