@@ -8,6 +8,7 @@ NIC share of one GPU). They feed the performance model and MFU.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -169,6 +170,7 @@ def _parse(raw: str) -> tuple[str, str | None, int | None]:
     return (model if model in GPUS else unplaced), model, memory
 
 
+@lru_cache(maxsize=4096)  # once per distinct cell
 def normalize_gpu_name(raw: str) -> str:
     """The catalog key for a name as sources write it: 'A100-80GB (Selene)', 'NVIDIA H100 80GB HBM3',
     'H100-SXM-80GB', 'H100 NVL', 'A800-80GB', 'H800', 'GB200 (DGX-GB200)', 'AMD Instinct MI300X', 'L40S'.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 from typing import Any
 
 from optico.knobs import KNOBS
@@ -208,6 +209,7 @@ _GLUED = re.compile(r"[.:][0-9]", re.ASCII)
 _RADIX = re.compile(r"[xob][0-9a-f]", re.ASCII)
 
 
+@lru_cache(maxsize=4096)  # a table repeats its cells; 20,000 rows took 6 s
 def parse_number(cell: str | None, unit: str = "", header_unit: str = "", *, count: bool = False) -> Any:
     """A number as tables write it: '1,234.5', '250 880', '~12', '45%', '39.9k', '850 ms', '2:03.69',
     '80 GB', '1.2 TB'. `unit` says what the column holds ('s', 'gib', 'fraction', 'tflops'); a unit

@@ -6,6 +6,7 @@ rules are in `optico.replay_parse`'s docstring."""
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
 
 from optico.workload import PRESETS, ModelArch
@@ -93,6 +94,7 @@ def _squash(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
 
+@lru_cache(maxsize=4096)  # a table repeats its model name on every row
 def preset_by_name(name: str) -> ModelArch | None:
     """The preset whose name the model name contains ('Nemotron-H 56b FP8' -> nemotron-h-56b,
     'DeepSeekV3' -> deepseek-v3); the longest such name wins. Else the one preset of the name's

@@ -560,6 +560,18 @@ def test_the_spec_check_takes_the_headers_the_reader_takes(tmp_path: Path) -> No
     assert load_spec(spec).launcher.data == str(table)
 
 
+def test_the_spec_check_counts_the_rows_the_reader_reads(tmp_path: Path) -> None:
+    """Blank lines are no rows to the reader: a table padded with 20,001 of them was refused at spec load
+    ("more than 20,000 rows") while `perfmodel evaluate --data` read it."""
+    table = tmp_path / "t.csv"
+    table.write_text(PACKAGED.read_text() + "\n" * 20_001)
+    assert len(read_replay_csv(table)) == len(read_replay_csv(PACKAGED))
+    spec = tmp_path / "s.yaml"
+    spec.write_text((REPO / "examples" / "llama3-8b-a100-replay.yaml").read_text()
+                    .replace("../optico/data/optico_llama3_8b_a100.csv", str(table)))
+    assert load_spec(spec).launcher.data == str(table)
+
+
 @pytest.mark.parametrize("ending", ["\r\n", "\r"])
 def test_the_spec_check_takes_the_line_endings_the_reader_takes(tmp_path: Path, ending: str) -> None:
     """A table saved with Windows or old-Mac line endings: `tune`'s load-time check refused "\r" alone

@@ -94,7 +94,7 @@ def _check_environment(spec: JobSpec) -> None:
 
 def _check_stored_files(spec: JobSpec) -> None:
     """A resumed job's files, read again as at submission: its replay CSV may have changed since (swapped
-    for a FIFO, truncated, removed), and the job must not start on it."""
+    for a FIFO, removed, cut to no usable row), and the job must not start on what cannot be replayed."""
     try:
         check_launcher(spec.launcher, spec.workload, spec.search_space)
     except SpecError as exc:

@@ -96,6 +96,11 @@ def framework_effects(base: Constants, version: str | None) -> tuple[Constants, 
     return Constants.model_validate(values), 1 / speed
 
 
+def tail_line(step_time_s: float) -> str:
+    """The last iteration line a run that stopped progressing printed."""
+    return f" iteration        2/      13 | elapsed time per iteration (ms): {step_time_s * 1e3:.1f}\n"
+
+
 class SimLauncher(Launcher):
     """Answers from the performance model; see the module docstring."""
 
@@ -179,7 +184,7 @@ class SimLauncher(Launcher):
             # every hang cost 600 s of the GPU-hour budget whatever the spec said).
             wall_left = max(0.0, self.timeout_s - STARTUP_S)
             hang_s = min(NCCL_WATCHDOG_S, self.hang_s, wall_left)
-            tail = f" iteration        2/      13 | elapsed time per iteration (ms): {pred.step_time_s * 1e3:.1f}\n"
+            tail = tail_line(pred.step_time_s)
             if run_rng.random() < 0.5 and hang_s == NCCL_WATCHDOG_S:
                 log = (f"[rank{world - 1}]:[E1122 12:00:00 ProcessGroupNCCL.cpp:616] [Rank {world - 1}] Watchdog "
                        f"caught collective operation timeout: WorkNCCL(SeqNum=4211, OpType=ALLREDUCE, "
@@ -206,5 +211,11 @@ class SimLauncher(Launcher):
             tokens_per_s_per_gpu=pred.tokens_per_s_per_gpu * scale, mem_avg_gib=mem * 0.93, mem_max_gib=mem,
             mem_limit_gib=limit, gpu_util_avg=util, gpu_util_max=min(1.0, util + 0.05))
         duration = STARTUP_S + (WARMUP_STEPS + TIMED_STEPS) * step
+        if duration > self.timeout_s:  # slow, not hung: killed at the wall clock as a real run is
+            log = (f"{tail_line(pred.step_time_s)}run killed: wall-clock limit of {self.timeout_s:g} s reached "
+                   f"(timeout) before its {WARMUP_STEPS + TIMED_STEPS} steps of {step:.1f} s")
+            return LaunchResult(ok=False, log=log, exit_code=-9, duration_s=self.timeout_s,
+                                gpu_seconds=self.timeout_s * world, fingerprint=fingerprint,
+                                category_hint=FailureCategory.HANG)
         return LaunchResult(ok=True, metrics=metrics, log=f"sim: {TIMED_STEPS} steps at {step:.3f} s", exit_code=0,
                             duration_s=duration, gpu_seconds=duration * world, fingerprint=fingerprint)

@@ -297,6 +297,25 @@ def test_a_simulated_hang_is_killed_at_the_spec_s_limits(limits: dict, killed_at
             assert says in result.log and result.category_hint is FailureCategory.HANG
 
 
+def test_a_simulated_run_slower_than_the_wall_clock_limit_is_killed_there():
+    """spec.md: `timeout_s` holds for every launcher. The sim applied it to hangs only: runs whose 13
+    simulated steps took 1,755 s succeeded under `timeout_s: 100`."""
+    import asyncio
+
+    from optico.strategy import Strategy
+    from optico.workload import PRESETS, Cluster, Workload
+
+    workload = Workload(model=PRESETS["llama3-8b"], seq_length=4096, global_batch_size=512, precision="bf16",
+                        cluster=Cluster(gpu="a100-80gb", gpus_per_node=8, nodes=1))
+    fits = Strategy(tensor_model_parallel_size=2, use_distributed_optimizer=True)
+    ran = asyncio.run(build_launcher(LauncherSpec(kind="sim", hang_rate=0.0)).launch(workload, fits, trial_key="t"))
+    assert ran.ok and ran.duration_s > 150
+    limited = build_launcher(LauncherSpec(kind="sim", hang_rate=0.0, timeout_s=150))
+    killed = asyncio.run(limited.launch(workload, fits, trial_key="t"))
+    assert not killed.ok and killed.duration_s == 150 and killed.gpu_seconds == 150 * workload.world_size
+    assert "wall-clock limit of 150 s reached" in killed.log and killed.category_hint is FailureCategory.HANG
+
+
 def test_a_secret_looking_variable_passes_to_a_trial_only_when_asked_for_and_is_then_redacted():
     """`NCCL_PASSWORD`, `TORCH_API_KEY`, `CUDA_SECRET_TOKEN` passed on their prefix alone, unredacted."""
     from optico.launchers.trial_env import trial_env
