@@ -11,7 +11,7 @@ loader does, all before a single Python object is built:
   YAML 1.2 and JSON (YAML 1.1 reads an exponent without a dot as a string); `2024-01-01` stays a
   string, `!!binary`, `!!set` and custom tags are refused;
 - duplicate keys, which YAML forbids but PyYAML resolves silently (the last one wins);
-- YAML 1.1's surprises, which YAML 1.2 dropped: octal by a leading zero (`01000` is 512), base 60
+- YAML 1.1's surprises, which YAML 1.2 dropped: octal by a leading zero (`01000` is 512), binary (`0b11`), base 60
   (`1:30` is 90), booleans spelled `yes`/`no`/`on`/`off`;
 - magnitudes: integer literals beyond 64 bits, strings beyond `MAX_SCALAR_CHARS`, NUL
   characters (no path, argument or environment value may hold one).
@@ -46,6 +46,8 @@ _SCALARS = yaml.constructor.SafeConstructor()  # reads a tagged scalar as YAML d
 _TAGGED_KINDS = {_TAG + "int": "int", _TAG + "float": "float", _TAG + "bool": "bool"}
 _KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false"}
 _LEADING_ZERO = re.compile(r"^[-+]?0[0-9_]+$")
+_BINARY = re.compile(r"^[-+]?0b", re.IGNORECASE)
+_YAML11_BOOLS = frozenset({"yes", "no", "on", "off", "y", "n"})
 
 
 class YamlLimitError(yaml.MarkedYAMLError):
@@ -80,12 +82,15 @@ def _scalar_problem(node: ScalarNode) -> str | None:
         return f"{node.value[:30]!r} has underscores, which YAML 1.1 drops; write the number without them " \
                f"(or quote a string)"
     if node.tag == _TAG + "int":
+        if _BINARY.match(node.value):  # YAML 1.1 only: "0b11" is 3 there, a string to YAML 1.2 and JSON
+            return f"{node.value[:30]!r} is a YAML 1.1 binary number; write the number in decimal (or quote a " \
+                   f"string)"
         if _LEADING_ZERO.match(node.value):  # YAML 1.1 reads "01000" as octal: 512
             return f"{node.value[:30]!r} has a leading zero, which YAML 1.1 reads as octal; write the number " \
                    f"without it (or quote a string)"
         if sum(c.isalnum() for c in node.value) > MAX_INT_DIGITS:
             return f"integer {node.value[:30]!r}... is too large"
-    if node.tag == _TAG + "bool" and node.value.lower() not in ("true", "false"):
+    if node.tag == _TAG + "bool" and node.value.lower() in _YAML11_BOOLS:
         # YAML 1.1's other spellings: "yes", "no", "on", "off" (a country code "NO" is false)
         return f"{node.value[:30]!r} is a YAML 1.1 boolean; write true or false (or quote a string)"
     kind = _TAGGED_KINDS.get(node.tag)

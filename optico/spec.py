@@ -643,7 +643,10 @@ def parse_spec(data: Any, origin: Path | None = None, *, origin_name: str | None
     reasoner_raw = data.get("reasoner")
     if isinstance(reasoner_raw, str):
         reasoner_raw = {"analysis": reasoner_raw, "generation": reasoner_raw, "failure": reasoner_raw}
-    elif isinstance(reasoner_raw, dict) and isinstance(reasoner_raw.get("all"), str):
+    elif isinstance(reasoner_raw, dict) and "all" in reasoner_raw:
+        if not isinstance(reasoner_raw["all"], str):
+            raise SpecError("reasoner.all", f"must be a reasoner's name ({', '.join(REASONER_KINDS)}), "
+                                            f"got {type(reasoner_raw['all']).__name__}")
         # {all: llm-led, ablate: [cot]}: one kind for every agent, with options beside it
         kind = reasoner_raw["all"]
         reasoner_raw = {"analysis": kind, "generation": kind, "failure": kind,

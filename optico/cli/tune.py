@@ -74,7 +74,8 @@ def _apply_reasoner(spec: JobSpec, reasoner: str | None, ablate: str | None = No
     if updates:
         spec = spec.model_copy(update={"reasoner": ReasonerSpec.model_validate({**r.model_dump(), **updates})})
     if spec.reasoner.require_llm and not spec.reasoner.uses_llm:
-        raise SpecError("--require-llm", "no agent uses an LLM reasoner (set --reasoner llm-led or model-guided)")
+        where = "--require-llm" if require_llm else "reasoner.require_llm"  # whichever said it
+        raise SpecError(where, "no agent uses an LLM reasoner (set --reasoner llm-led or model-guided)")
     return spec
 
 

@@ -164,6 +164,11 @@ TEXT_CASES = [
     Case("yes for true", good_yaml().replace("use_distributed_optimizer: true", "use_distributed_optimizer: yes")
          .encode(), "search_space.fixed.use_distributed_optimizer"),
     Case("on for true", (good_yaml() + "reasoner: {require_llm: on}\n").encode(), "reasoner.require_llm"),
+    # YAML 1.1's binary integers: "0b10000000000000" was read as 8192, a string to YAML 1.2 and JSON.
+    Case("binary integer", good_yaml().replace("seq_length: 8192", "seq_length: 0b10000000000000").encode(),
+         "workload.seq_length"),
+    Case("binary integer by tag", good_yaml().replace("seq_length: 8192", "seq_length: !!int 0b11").encode(),
+         "workload.seq_length"),
     # YAML 1.1 drops underscores in numbers: "6_4" was read as 64.
     Case("underscores in an integer", good_yaml().replace("seq_length: 8192", "seq_length: 8_192").encode(),
          "workload.seq_length"),
