@@ -612,7 +612,7 @@ def _seed(seed: Any) -> int:
 def _default_name(origin_name: str | None) -> str:
     stem = Path(origin_name).stem if origin_name else ""
     stem = _CONTROL.sub("_", stem)[:MAX_NAME_CHARS]
-    return stem or "job"
+    return stem if stem.strip() else "job"  # '   .yaml' named a job of spaces: refused as `name`, never written
 
 
 def parse_spec(data: Any, origin: Path | None = None, *, origin_name: str | None = None,

@@ -167,3 +167,10 @@ def test_a_credential_in_a_spec_name_is_printed_masked_as_it_is_stored(tmp_path:
         proc = subprocess.run(optico_cmd(*argv), env=cli_env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert key not in proc.stdout + proc.stderr and "run ***" in proc.stdout, proc.stdout
+
+
+def test_a_spec_without_a_name_from_a_file_named_only_spaces_is_a_job_named_job():
+    """`   .yaml` without `name:` was refused as "name: shows nothing", a field the spec does not have."""
+    unnamed = GOOD.replace("name: t\n", "")
+    assert parse_spec_text(unnamed, origin_name="   .yaml").name == "job"
+    assert parse_spec_text(unnamed, origin_name="nightly llama.yaml").name == "nightly llama"
