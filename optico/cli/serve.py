@@ -71,11 +71,13 @@ def _settings(database: str | None):
             fail(message)
         name = str(first["loc"][0]).upper()
         fail(f"{name if name.startswith('OPTICO_') else 'OPTICO_' + name}: {message}")
-    except SettingsError as exc:
-        # A list setting is read as JSON before it is validated: a bare path fails there.
-        field = re.search(r'field "(\w+)"', str(exc))
-        fail(f"OPTICO_{field.group(1).upper() if field else 'SETTINGS'}: not valid JSON; a list is written "
-             f"as JSON, e.g. '[\"/data/optico\"]'")
+    except (SettingsError, RecursionError) as exc:
+        # A list setting is read as JSON before it is validated: a bare path fails there, and so does
+        # a list nested past the parser's depth (a RecursionError traceback).
+        field = re.search(r'field "(\w+)"', str(exc)) if isinstance(exc, SettingsError) else None
+        # file_roots is the one setting read as JSON
+        fail(f"OPTICO_{field.group(1).upper() if field else 'FILE_ROOTS'}: not valid JSON, or nested past what "
+             f"is read; a list is written as JSON, e.g. '[\"/data/optico\"]'")
     return base.model_copy(update={"database_url": database}) if database else base
 
 

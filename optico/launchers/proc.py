@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -94,23 +95,60 @@ def owner_identity() -> str | None:
 
 
 def _owner_gone(owner: str, namespace: str) -> bool:
-    pid, start, owner_namespace = owner.split(":", 2)
+    """Whether the owner `pid:start time:namespace` names a process of this namespace that is gone. A
+    value that is not one (a trial may set its children's environment) is never taken for gone."""
+    pid, start, owner_namespace = (owner.split(":", 2) + ["", ""])[:3]
     # Another pid namespace's pids mean nothing here (a container's runs seen from its host).
-    return owner_namespace == namespace and pid.isdigit() and _start_time(int(pid)) != start
+    if owner_namespace != namespace or not re.fullmatch(r"[0-9]{1,10}", pid) or not re.fullmatch(r"[0-9]+", start):
+        return False
+    return _start_time(int(pid)) != start
+
+
+def _orphan_of(pid: int, namespace: str) -> bytes | None:
+    """The owner entry of process `pid` if it is a run's process of this user whose owner is gone."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():  # another user's run is not ours to judge
+            return None
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read().split(b"\0")
+    except OSError:
+        return None
+    prefix = f"{OWNER_ENV}=".encode()
+    entry = next((e for e in env if e.startswith(prefix)), None)
+    gone = entry is not None and _owner_gone(entry[len(prefix):].decode(errors="replace"), namespace)
+    return entry if gone else None
+
+
+def _kill_if_still_orphan(pid: int, namespace: str) -> bool:
+    """SIGKILLs `pid` if it is still an orphaned run's process: through a pidfd, opened before the
+    check, so a pid reused after the scan is never signalled."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):  # gone; or no pidfd (Linux < 5.3): check, then kill by pid
+        if _orphan_of(pid, namespace) is None:
+            return False
+        _signal([pid], signal.SIGKILL)
+        return True
+    try:
+        if _orphan_of(pid, namespace) is None:
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def reap_orphaned_runs() -> list[int]:
-    """SIGKILLs every process of a run whose owner (the optico or Ray actor that started it) has died:
-    nobody will read its output or stop it, and it holds GPUs a new run needs. Returns their pids."""
+    """SIGKILLs every process of this user's runs whose owner (the optico or Ray actor that started
+    them) has died: nobody will read its output or stop it, and it holds GPUs a new run needs. Returns
+    their pids."""
     namespace = _pid_namespace()
     if namespace is None:
         return []
-    prefix = f"{OWNER_ENV}=".encode()
-    orphans = [pid for pid, env in _marked_processes()
-               for entry in env if entry.startswith(prefix)
-               and _owner_gone(entry[len(prefix):].decode(errors="replace"), namespace)]
-    _signal(orphans, signal.SIGKILL)
-    return orphans
+    candidates = [pid for pid, _ in _marked_processes() if _orphan_of(pid, namespace) is not None]
+    return [pid for pid in candidates if _kill_if_still_orphan(pid, namespace)]
 
 
 def _signal(pids: list[int], sig: int) -> None:

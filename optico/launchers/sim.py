@@ -212,7 +212,7 @@ class SimLauncher(Launcher):
             mem_limit_gib=limit, gpu_util_avg=util, gpu_util_max=min(1.0, util + 0.05))
         duration = STARTUP_S + (WARMUP_STEPS + TIMED_STEPS) * step
         if duration > self.timeout_s:  # slow, not hung: killed at the wall clock as a real run is
-            log = (f"{tail_line(pred.step_time_s)}run killed: wall-clock limit of {self.timeout_s:g} s reached "
+            log = (f"{tail_line(step)}run killed: wall-clock limit of {self.timeout_s:g} s reached "
                    f"(timeout) before its {WARMUP_STEPS + TIMED_STEPS} steps of {step:.1f} s")
             return LaunchResult(ok=False, log=log, exit_code=-9, duration_s=self.timeout_s,
                                 gpu_seconds=self.timeout_s * world, fingerprint=fingerprint,

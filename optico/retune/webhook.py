@@ -60,8 +60,14 @@ def _local(address: str) -> bool:
 
 
 def _allow_local() -> bool:
-    # pydantic's spellings of true, as ServiceSettings.webhook_allow_local checks them at start
-    return os.environ.get(ALLOW_LOCAL_ENV, "").strip().lower() in ("1", "true", "yes", "on", "t", "y")
+    """OPTICO_WEBHOOK_ALLOW_LOCAL in pydantic's spellings, as ServiceSettings checks it when a server
+    starts; ValueError for anything else (`schedule add` and `run-now` read it here: 'maybe' meant false)."""
+    value = os.environ.get(ALLOW_LOCAL_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no", "off", "f", "n"):
+        return False
+    if value in ("1", "true", "yes", "on", "t", "y"):
+        return True
+    raise ValueError(f"{ALLOW_LOCAL_ENV}: {value[:20]!r} is not true or false")
 
 
 def _check_addresses(host: str, addresses: list[str]) -> None:

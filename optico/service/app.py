@@ -333,12 +333,15 @@ def _shown_error(request: Request, error: dict) -> dict:
 
 def _echo(value: object) -> object:
     """A rejected value as the 422 may show it: JSON scalars as they are, an object by its keys only (a
-    missing field's error quotes the whole object around it, a webhook URL or an env value included),
-    anything else (a non-finite float, a list) as its repr, at most 200 characters."""
+    missing field's error quotes the whole object around it, a webhook URL or an env value included), a
+    list holding containers by its length, anything else (a non-finite float, a list of scalars) as its
+    repr, at most 200 characters."""
     if value is None or isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
         return value
     if isinstance(value, dict):
         return redact("an object with keys " + ", ".join(map(str, value)))[:200]
+    if isinstance(value, (list, tuple)) and any(isinstance(v, (dict, list, tuple)) for v in value):
+        return f"a list of {len(value)} items"  # its objects may hold what an object's keys-only echo hides
     return redact(value if isinstance(value, str) else repr(value))[:200]  # redacted, then cut
 
 

@@ -452,8 +452,8 @@ def test_a_run_whose_launcher_died_is_killed_when_the_next_run_starts(tmp_path):
             assert processes_with_token(orphan_token)  # its launcher alive: this start left it be
             launcher.send_signal(signal.SIGKILL)
             launcher.wait(10)
-            time.sleep(1)
-            assert processes_with_token(orphan_token)  # orphaned: it ignored SIGTERM and runs on
+            # Orphaned: it ignores the SIGTERM its parent's death sent. (Another test's start may reap it
+            # first: what is asserted is that none is left once this start has run.)
             await fresh.start()
             deadline = time.monotonic() + 5
             while processes_with_token(orphan_token) and time.monotonic() < deadline:
@@ -469,3 +469,28 @@ def test_a_run_whose_launcher_died_is_killed_when_the_next_run_starts(tmp_path):
                     os.kill(pid, signal.SIGKILL)
 
     asyncio.run(scenario())
+
+
+def test_an_owner_that_is_no_owner_is_never_taken_for_gone(tmp_path):
+    """A trial sets its children's environment: an OPTICO_RUN_OWNER that is not `pid:start:namespace`
+    raised out of every later start on the machine (every trial failed until that process ended)."""
+    import signal
+    import subprocess
+    import time
+    import uuid
+
+    from optico.launchers.proc import TOKEN_ENV, _owner_gone, _pid_namespace, processes_with_token, reap_orphaned_runs
+
+    namespace = _pid_namespace()
+    for owner in ("", "garbage", "1:2", "\u00b9:2:" + str(namespace), "x:y:" + str(namespace), "99999999999:1:ns"):
+        assert not _owner_gone(owner, str(namespace)), owner
+    token = f"odd-{uuid.uuid4().hex[:8]}"
+    odd = subprocess.Popen(["sleep", "60"], env={"PATH": "/usr/bin:/bin", TOKEN_ENV: token, "OPTICO_RUN_OWNER": "garbage"})
+    try:
+        deadline = time.monotonic() + 10
+        while not processes_with_token(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert odd.pid not in reap_orphaned_runs() and processes_with_token(token) == [odd.pid]
+    finally:
+        odd.send_signal(signal.SIGKILL)
+        odd.wait(10)

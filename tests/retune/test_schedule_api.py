@@ -81,6 +81,10 @@ def test_schedules_follow_the_api_conventions(make_service, tokens: dict[str, st
     missing = writer.post("/api/v1/schedules", json={"name": "x", "webhook_url": "https://hooks.example.com/T0/q8Zr2LmX9vTy7KpW"})
     assert missing.status_code == 422 and "q8Zr2LmX9vTy7KpW" not in missing.text, missing.text
     assert "webhook_url" in missing.text  # the body is named by its keys
+    for listed in ([{"webhook_url": "https://hooks.example.com/T0/q8Zr2LmX9vTy7KpW"}],
+                   {"name": "x", "spec": [{"webhook_url": "https://hooks.example.com/T0/q8Zr2LmX9vTy7KpW"}]}):
+        answer = writer.post("/api/v1/schedules", json=listed)  # the object inside a list was echoed whole
+        assert answer.status_code == 422 and "q8Zr2LmX9vTy7KpW" not in answer.text, answer.text
 
     created = writer.post("/api/v1/schedules", json=body(webhook_url="https://hooks.example.com/T0/B0/tok123456"))
     assert created.status_code == 201, created.text

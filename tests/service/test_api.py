@@ -657,6 +657,7 @@ def test_the_session_cookie_is_secure_behind_a_tls_proxy_when_told(make_service,
     ({"OPTICO_LEASE_S": "60", "OPTICO_LEASE_RENEW_S": "100"}, "OPTICO_LEASE_RENEW_S: must be shorter than OPTICO_LEASE_S"),
     ({"OPTICO_SCHEDULER": "maybe"}, "OPTICO_SCHEDULER: "),  # was named OPTICO_OPTICO_SCHEDULER
     ({"OPTICO_WEBHOOK_ALLOW_LOCAL": "maybe"}, "OPTICO_WEBHOOK_ALLOW_LOCAL: "),  # was read as false
+    ({"OPTICO_FILE_ROOTS": "[" * 100_000}, "OPTICO_FILE_ROOTS: not valid JSON"),  # a RecursionError traceback
 ])
 def test_a_bad_service_variable_is_one_line_and_exit_2(tmp_path, variables: dict[str, str], says: str):
     import subprocess
