@@ -176,7 +176,7 @@ def perfmodel_evaluate(
             text = "\n".join(terminal_text(redact(line), one_line=True)
                              for line in file_report.text(max_rows=20).split("\n"))
             # Beside --json on stderr: stdout stays one JSON document.
-            (err if as_json else console).print(text, highlight=False, markup=False, emoji=False, soft_wrap=True)
+            (err if as_json else console).print(text, highlight=False, markup=False, emoji=False)
     if as_json:
         print(redact(json.dumps({"files": report["files"], "overall": report["overall"],
                                  "details": report["details"]}, indent=2)))
