@@ -13,6 +13,7 @@ the pool's status, never from the checkpoint, so a resume always completes the j
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import socket
@@ -37,7 +38,8 @@ from optico.perfmodel.online import JobModel
 from optico.pool.contract import Store, StoreError
 from optico.pool.lifecycle import JobStatus, LeaseLost, LifecycleError
 from optico.pool.records import JobRecord
-from optico.redact import clip
+from optico.errors import first_line
+from optico.redact import clip, redact
 from optico.spec import JobSpec
 from optico.strategy import Strategy
 from optico.trial import TrialStatus
@@ -107,7 +109,15 @@ def build_context(spec: JobSpec, store: Store, job_id: int, *, worker: str, laun
     pool, candidates = search_pool(spec, launcher)
     model.prime(pool)
     guard = Guard(spec.workload, spec.search_space, model, candidates)
-    prior = store.workload_trials(spec.workload.key(), exclude_job=job_id)
+    try:
+        prior = store.workload_trials(spec.workload.key(), exclude_job=job_id)
+    except StoreError:
+        raise  # the database is down: the job is interrupted, not run blind
+    except Exception as exc:  # noqa: BLE001 - a row another job left unreadable: this job runs without the warm start
+        logging.getLogger("optico.runner").warning(
+            "job %d: the pool's earlier trials of this workload cannot be read (%s); starting without them",
+            job_id, redact(first_line(exc))[:300])
+        prior = []
     rules_analysis = RulesAnalysis(model, guard, pool)
     rules_generation = RulesGeneration()
     rules_failure = RulesFailureAnalysis()

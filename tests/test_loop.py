@@ -574,3 +574,18 @@ def test_a_best_with_little_memory_left_is_flagged_with_the_best_that_has_room()
     assert memory_note(roomy, [roomy], 80) is None  # 12.5 % free
     assert memory_note(trial(3, 0.4, None), [], 80) is None  # not measured: nothing claimed
     assert "the best with" not in memory_note(tight, [tight], 80)  # no roomier trial: the warning alone
+
+
+def test_an_unreadable_trial_of_an_earlier_job_costs_the_warm_start_not_the_job(tmp_path: Path, cli_env: dict):
+    """One trial row written by hand ('{not json' as its strategy) failed every later job on the same
+    workload, from `tune` and from the workers alike (JSONDecodeError reading the pool's earlier trials)."""
+    spec = str(EXAMPLES / "llama3-8b-a100.yaml")
+    first = subprocess.run(optico_cmd("tune", spec, "--max-trials", "2"), env=cli_env, capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0, first.stderr
+    with sqlite3.connect(tmp_path / "pool.db") as conn:
+        conn.execute("UPDATE optico_trials SET strategy = '{not json' WHERE id = 1")
+    second = subprocess.run(optico_cmd("tune", spec, "--max-trials", "2"), env=cli_env, capture_output=True,
+                            text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert "earlier trials of this workload cannot be read" in second.stderr

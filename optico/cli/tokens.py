@@ -10,6 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from optico.cli.common import DatabaseOption, console, err, fail, open_store
+from optico.redact import redact
+from optico.textsafe import terminal_text
 
 token_app = typer.Typer(no_args_is_help=True, help="API tokens of the REST service.")
 
@@ -50,7 +52,8 @@ def token_list(database: Optional[str] = DatabaseOption) -> None:
             table.add_column(header)
         for t in store.tokens():
             when = lambda d: d.strftime("%Y-%m-%d %H:%M") if d else "-"  # noqa: E731
-            table.add_row(Text(t.name), t.scope, t.prefix + "…", when(t.created_at), when(t.last_used_at),
+            # A name comes back from the database: escaped and masked like any stored text.
+            table.add_row(Text(terminal_text(redact(t.name), one_line=True, max_chars=120)), t.scope, t.prefix + "…", when(t.created_at), when(t.last_used_at),
                           when(t.revoked_at))
         console.print(table)
 

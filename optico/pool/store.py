@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from optico import faults, redact
+from optico.errors import first_line
 from optico.events import (BudgetChanged, JobEvent, JobFinished, JobStateChanged, LeaseChanged, TrialLost,
                            parse_event)
 from optico.pool import schema
@@ -138,6 +139,16 @@ def _job(row: JobRow) -> JobRecord:
         stop_reason=row.stop_reason, best_trial_id=row.best_trial_id, best_mfu=row.best_mfu, max_trials=row.max_trials,
         gpu_hours=row.gpu_hours, takeovers=row.takeovers,
     )
+
+
+def _unreadable(row: JobRow) -> str | None:
+    """Why a job row cannot be made a JobRecord (a row written by hand, or by a buggy older version);
+    None when it can."""
+    try:
+        _job(row)
+    except Exception as exc:  # noqa: BLE001 - any reason: the row is refused, not run
+        return first_line(exc)[:300]
+    return None
 
 
 def _message(row: MessageRow) -> AgentMessage:
@@ -450,9 +461,18 @@ class SqlStore(ScheduleSql, TokenSql, Store):
                 if self._postgres:
                     # Each claimer skips rows another claimer has locked: no two get the same job.
                     query = query.with_for_update(skip_locked=True)
-                row = s.scalars(query).first()
-                if row is None:
-                    return None
+                while True:
+                    row = s.scalars(query).first()
+                    if row is None:
+                        return None
+                    unreadable = _unreadable(row)
+                    if unreadable is None:
+                        break
+                    # Claimed, it raised out of every worker's loop on every poll (and the job stayed queued).
+                    row.status, row.finished_at = JobStatus.FAILED.value, self._stamp(now)
+                    row.lease_owner = row.lease_expires_at = None
+                    row.stop_reason = redact.redact(f"its stored row cannot be read: {unreadable}")[:500]
+                    s.flush()
             return _job(self._take(s, row, worker, lease_s, now))
 
     def _check_resumable(self, s: Session, row: JobRow) -> None:

@@ -52,6 +52,9 @@ class Worker(threading.Thread):
             except (StoreError, LifecycleError) as exc:
                 log.warning("worker %s: claim failed: %s", self.worker_id, exc)
                 job = None
+            except Exception:  # noqa: BLE001 - anything else ended the thread, and the worker idled for good
+                log.exception("worker %s: claim failed", self.worker_id)
+                job = None
             if job is None:
                 try:
                     await asyncio.wait_for(self._shutdown.wait(), timeout=self.poll_s)

@@ -518,3 +518,17 @@ def test_launches_that_end_without_a_result_still_count_their_gpu_time(store: Sq
     expire_lease(store, abandoned)
     assert store.settle_abandoned_cancels(abandoned) == 1
     assert store.get_trial(orphan.id).lost_gpu_seconds == pytest.approx(30 * 2, abs=1)
+
+
+def test_a_queued_job_whose_row_cannot_be_read_is_failed_and_the_next_one_claimed(store: SqlStore) -> None:
+    """A spec written into the row by hand (`[1, 2, NaN]`) raised out of claim_job on every poll: every
+    worker thread that met it died, and the jobs queued behind it were never run."""
+    broken, fine = put_in(store, S.QUEUED), put_in(store, S.QUEUED)
+    with store.engine.begin() as conn:
+        conn.execute(update(JobRow).where(JobRow.id == broken).values(spec=[1, 2, "not a spec"]))
+    assert store.claim_job("w1", 60).id == fine
+    with store.engine.begin() as conn:
+        status, reason, owner = conn.execute(select(JobRow.status, JobRow.stop_reason, JobRow.lease_owner)
+                                             .where(JobRow.id == broken)).one()
+    assert status == "failed" and reason.startswith("its stored row cannot be read") and owner is None
+    assert store.claim_job("w2", 60) is None  # failed: not offered again
