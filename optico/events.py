@@ -114,9 +114,18 @@ class TrialLog(_Event):
     line: str
 
 
+class UnreadableEvent(_Event):
+    """Read in place of a stored event whose row is not one (written by hand, or by a buggy version):
+    the log keeps its sequence, and a stream or a page that meets it goes on (never stored)."""
+
+    kind: Literal["unreadable"] = "unreadable"
+    stored_kind: str
+    reason: str
+
+
 JobEvent = Annotated[
     Union[JobStateChanged, LeaseChanged, TrialStarted, TrialFinished, TrialLost, AgentOutput, ReasonerFallback,
-          BudgetChanged, JobFinished, TrialLog],
+          BudgetChanged, JobFinished, TrialLog, UnreadableEvent],
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[JobEvent] = TypeAdapter(JobEvent)

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from optico import faults, redact
 from optico.errors import first_line
 from optico.events import (BudgetChanged, JobEvent, JobFinished, JobStateChanged, LeaseChanged, TrialLost,
-                           parse_event)
+                           STORED_KINDS, UnreadableEvent, parse_event)
 from optico.pool import schema
 from optico.pool.contract import SORT_KEYS, IdempotencyConflict, Store, StoreError
 from optico.pool.db import default_database_url, make_engine
@@ -73,8 +73,8 @@ def _jsonable(value: Any, field: str, redactor: redact.Redactor | None = None) -
 
 
 def _refuse_live_only(event: JobEvent) -> None:
-    if event.kind == "log":
-        raise ValueError("log events are published live, never stored")
+    if event.kind not in STORED_KINDS:  # a log line is published live; `unreadable` is only ever read
+        raise ValueError(f"{event.kind} events are never stored")
 
 
 def spec_redactor(spec: JobSpec) -> redact.Redactor:
@@ -157,8 +157,11 @@ def _message(row: MessageRow) -> AgentMessage:
 
 
 def _event(row: EventRow) -> StoredEvent:
-    return StoredEvent(job_id=row.job_id, seq=row.seq, created_at=row.created_at,
-                       event=parse_event({**row.payload, "kind": row.kind}))
+    try:
+        event: JobEvent = parse_event({**row.payload, "kind": row.kind})
+    except Exception as exc:  # noqa: BLE001 - a row that is no event: said in its place, the stream goes on
+        event = UnreadableEvent(stored_kind=redact.redact(str(row.kind))[:40], reason=redact.redact(first_line(exc))[:200])
+    return StoredEvent(job_id=row.job_id, seq=row.seq, created_at=row.created_at, event=event)
 
 
 # -- the query vocabulary ------------------------------------------------------------------------

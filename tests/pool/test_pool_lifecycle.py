@@ -532,3 +532,22 @@ def test_a_queued_job_whose_row_cannot_be_read_is_failed_and_the_next_one_claime
                                              .where(JobRow.id == broken)).one()
     assert status == "failed" and reason.startswith("its stored row cannot be read") and owner is None
     assert store.claim_job("w2", 60) is None  # failed: not offered again
+
+
+def test_an_event_row_that_is_no_event_is_read_as_unreadable_in_its_place(store: SqlStore) -> None:
+    """A payload written by hand (a lease event whose `action` is a number) raised out of `events()`: the
+    job's event stream sent its preamble and broke, and clients reconnected into the same error."""
+    from optico.pool.models import EventRow
+
+    job_id = put_in(store, S.RUNNING, worker="w1")
+    first = store.events(job_id)[0]
+    with store.engine.begin() as conn:
+        conn.execute(update(EventRow).where(EventRow.job_id == job_id, EventRow.seq == first.seq)
+                     .values(payload={"action": 5, "worker": ["sk-ABCDEFGHIJKLMNOPQRSTUV123456"]}))
+    events = store.events(job_id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))  # nothing lost, nothing out of order
+    odd = events[0].event
+    assert odd.kind == "unreadable" and odd.stored_kind == first.kind and odd.reason
+    assert "sk-ABCDEFGHIJKLMNOPQRSTUV123456" not in odd.model_dump_json()
+    with pytest.raises(ValueError, match="never stored"):
+        store.add_event(job_id, odd, worker="w1")
