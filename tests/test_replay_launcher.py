@@ -215,3 +215,41 @@ def test_a_launcher_on_rows_already_read_answers_as_one_that_reads_the_file(tmp_
         scanned = [r.line for r in fresh.rows
                    if replayable(r) and matches(r, w) and r.strategy.signature() == s.signature()]
         assert [r.line for r in fresh.rows_for(w, s)] == scanned and scanned
+
+
+def test_another_tables_failures_are_hints_not_facts_for_a_job_on_this_table(tmp_path: Path, cli_env: dict):
+    """Trials of one workload are shared across jobs; a job on a table where everything ran out of memory
+    made a later job on another table of the same workload stop after one trial ("search space
+    exhausted"): replay trials did not say which table measured them, so its OOMs counted as facts."""
+    import json
+    import subprocess
+
+    from optico.pool.store import SqlStore
+    from tests.conftest import EXAMPLES, optico_cmd
+
+    packaged = Path(__file__).resolve().parents[1] / "optico" / "data" / "optico_llama3_8b_a100.csv"
+    rows = list(csv.DictReader(packaged.open()))
+    all_oom = tmp_path / "all_oom.csv"
+    with all_oom.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({**r, "result": "oom", "tflops_per_gpu": "", "mfu": "", "mem_max_gib": ""} for r in rows)
+    text = (EXAMPLES / "llama3-8b-a100-replay.yaml").read_text()
+    for name, table in (("oom", all_oom), ("good", packaged)):
+        spec = tmp_path / f"{name}.yaml"
+        spec.write_text(text.replace("../optico/data/optico_llama3_8b_a100.csv", str(table)))
+        done = subprocess.run(optico_cmd("tune", str(spec), "--json", str(tmp_path / f"{name}.json")), env=cli_env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == (1 if name == "oom" else 0), done.stderr
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    env = {**cli_env, "OPTICO_DATABASE_URL": f"sqlite:///{alone / 'pool.db'}", "OPTICO_HOME": str(alone)}
+    done = subprocess.run(optico_cmd("tune", str(tmp_path / "good.yaml"), "--json", str(alone / "good.json")), env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    after, fresh = (json.loads(p.read_text()) for p in (tmp_path / "good.json", alone / "good.json"))
+    assert "known-failure" not in str(after.get("stop_reason")), after.get("stop_reason")  # was: exhausted
+    assert after["best"]["mfu"] >= 0.97 * fresh["best"]["mfu"]  # about as good as in an empty pool
+    with SqlStore(cli_env["OPTICO_DATABASE_URL"]) as store:
+        digests = {t.fingerprint.get("replay_data") for job in store.list_jobs() for t in store.trials(job.id)}
+    assert len(digests - {None}) == 2  # each table's trials say which table measured them

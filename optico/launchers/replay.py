@@ -9,6 +9,8 @@ restricted to them.
 
 from __future__ import annotations
 
+import hashlib
+
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,15 @@ TIMED_STEPS = 20
 FAILED_RUN_WALL_S = 60.0
 
 
+def table_digest(path: str | Path) -> str | None:
+    """A replay table's identity in a framework fingerprint (`replay_data`): another table is another
+    "cluster", whose failures are hints to a job on this one, not facts. None if it cannot be read."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
 class ReplayLauncher(Launcher):
     """Replays the rows of one replay CSV (see optico.replay_csv). Skipped rows are never replayed."""
 
@@ -42,6 +53,7 @@ class ReplayLauncher(Launcher):
         self.path = Path(path)
         self.defaults = defaults or ReplayDefaults()
         self.rows: list[ReplayRow] = rows if rows is not None else read_replay_csv(self.path, self.defaults)
+        self.digest = table_digest(self.path)
         # Replayable rows by configuration: a launch looks up one signature, not every row.
         self._by_signature: dict[str, list[ReplayRow]] = {}
         for row in self.rows:
@@ -83,7 +95,8 @@ class ReplayLauncher(Launcher):
     # -- results ---------------------------------------------------------------------------------
     def _fingerprint(self, row: ReplayRow, found: list[ReplayRow]) -> dict[str, Any]:
         return {"launcher": self.kind, "replay_of": row.where, "file": str(self.path), "line": row.line,
-                "source": row.source, "model": row.model_name, "rows_measuring": [r.line for r in found]}
+                "source": row.source, "model": row.model_name, "rows_measuring": [r.line for r in found],
+                "replay_data": self.digest}
 
     def _ok(self, w: Workload, s: Strategy, row: ReplayRow, note: str,
             fingerprint: dict[str, Any]) -> LaunchResult:
@@ -125,7 +138,8 @@ class ReplayLauncher(Launcher):
                f"the file has {known} measured configuration(s) of this workload. Nothing ran; "
                f"a replay never guesses.\n")
         return LaunchResult(ok=False, log=log, category_hint=FailureCategory.NOT_MEASURED,
-                            fingerprint={"launcher": self.kind, "file": str(self.path), "replay_of": None})
+                            fingerprint={"launcher": self.kind, "file": str(self.path), "replay_of": None,
+                                         "replay_data": self.digest})
 
 
 def representative(found: list[ReplayRow]) -> ReplayRow:

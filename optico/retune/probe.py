@@ -11,7 +11,6 @@ found, so a probe and a trial's fingerprint compare key for key:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -81,7 +80,11 @@ def probe_sim(spec: JobSpec) -> dict[str, str]:
 def probe_replay(spec: JobSpec) -> dict[str, str]:
     if not spec.launcher.data:
         raise ProbeError("launcher.data: the replay launcher needs its CSV")
-    digest = hashlib.sha256(Path(spec.launcher.data).read_bytes()).hexdigest()[:16]
+    from optico.launchers.replay import table_digest
+
+    digest = table_digest(spec.launcher.data)
+    if digest is None:
+        raise ProbeError(f"launcher.data: {Path(spec.launcher.data).name} cannot be read")
     return framework_of({**_workload_framework(spec), "replay_data": digest})
 
 
