@@ -84,6 +84,11 @@ def bench(
                                   "sweep": sizes, "quick": quick})
     except ValueError as exc:  # SpecError is one: a loader's refusal, found in a worker
         fail(exc if isinstance(exc, SpecError) else first_line(exc))
+    if not doc["landscapes"]:
+        # Every landscape refused when built (a table the calibration saw, too few configurations): no
+        # figures to write (it exited 0 with an empty table and a JSON without groups).
+        fail(SpecError("--landscape" if landscape or more_landscapes else "--only",
+                       "every landscape selected was refused when built (the reasons are above); nothing ran"))
     # Files first: a report that fails to render must not lose a ten-minute run. The paths were
     # checked before the run; one that still cannot be written (a full disk, a file system that
     # refuses it) is reported once the report is printed.

@@ -674,10 +674,12 @@ def replay_space(w: Workload, measured: list[Strategy]) -> SearchSpace:
 
 
 def replay_defs(path: str | Path, min_configs: int = MIN_REPLAY_CONFIGS,
-                calibration: str | None = None, rows: list[ReplayRow] | None = None) -> list[ReplayDef]:
+                calibration: str | None = None, rows: list[ReplayRow] | None = None,
+                left_out: list[str] | None = None) -> list[ReplayDef]:
     """One landscape per distinct workload of the file with at least `min_configs` configurations;
     `calibration` defaults to the one held out from this file (None when there is none: refused);
-    `rows`: the file's rows, when the caller read them already."""
+    `rows`: the file's rows, when the caller read them already; `left_out` gets a line per workload
+    that is no landscape, and why."""
     from optico.bench.separation import heldout_calibration
 
     path = Path(path)
@@ -698,6 +700,11 @@ def replay_defs(path: str | Path, min_configs: int = MIN_REPLAY_CONFIGS,
         measured = replay_measured(launcher, w)
         # Enough configurations, and at least one that ran: a table of OOMs has no optimum.
         if len(measured) < min_configs or all(_replayed_row(launcher, w, s).result != "ok" for s in measured):
+            if left_out is not None:
+                why = (f"{len(measured)} measured configuration(s), at least {min_configs} needed"
+                       if len(measured) < min_configs else "no run that finished")
+                left_out.append(f"{w.model.name} on {w.world_size} {w.cluster.gpu}, GBS {w.global_batch_size} "
+                                f"(line {row.line}): {why}")
             continue
         cluster = f"{w.cluster.gpu.split('-')[0]}-{w.world_size}"
         # The name goes to the terminal, the report and the JSON: controls in the file's name or the

@@ -120,12 +120,23 @@ def select_landscapes(suite: Suite = "all", files: Sequence[str | Path] = (), on
             if sum(_group(k) == g for k in kept) < QUICK.get(g, 1):
                 kept.append(d)
         defs = kept
+    # A file the user named is run whatever its landscapes are called: it replaces a suite landscape of
+    # the same name (an edited copy of a shipped table ran the shipped one), and two named files whose
+    # names clash (day1/results.csv, day2/results.csv) are told apart (the second was dropped unsaid).
+    mine: list[LandscapeDef] = []
     for d in named:
-        if d.name not in {x.name for x in defs}:
-            defs.append(d)
+        if any(x.name == d.name for x in mine):
+            d = d.model_copy(update={"name": _unclashed(d.name, {x.name for x in mine})})
+        defs = [x for x in defs if x.name != d.name]
+        mine.append(d)
+    defs += mine
     if only:
         defs = [d for d in defs if any(o in d.name for o in only)]
     return defs
+
+
+def _unclashed(name: str, taken: set[str]) -> str:
+    return next(f"{name}#{n}" for n in range(2, len(taken) + 3) if f"{name}#{n}" not in taken)
 
 
 def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
@@ -136,7 +147,8 @@ def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
     read_text(path, OPTION, "replay CSV", MAX_CSV_BYTES)  # SpecError: missing, binary, not UTF-8, ...
     try:
         rows = read_replay_csv(path)  # ReplayError: not a table, more than MAX_CSV_ROWS rows, a broken CSV
-        found = replay_defs(path, rows=rows)
+        left_out: list[str] = []
+        found = replay_defs(path, rows=rows, left_out=left_out)
     except (ReplayError, OSError) as exc:
         reason = first_line(exc)
         if strict:
@@ -157,7 +169,11 @@ def _file_defs(path: Path, strict: bool) -> list[ReplayDef]:
     elif strict:
         from optico.redact import redact
 
-        for text in filter(None, (broken, unusable)):
+        # A workload of the file that is no landscape was left out unsaid ("replay every workload").
+        said = [f"{path}: a workload left out: {w}" for w in left_out[:5]]
+        if len(left_out) > 5:
+            said.append(f"{path}: {len(left_out) - 5} more workloads left out")
+        for text in filter(None, (broken, unusable, *said)):
             print(terminal_text(redact(f"warning: {OPTION}: {text}"), one_line=True), file=sys.stderr)
     return found
 

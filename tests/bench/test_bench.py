@@ -294,3 +294,56 @@ def test_the_per_layer_recompute_family_tunes_recompute_layer_by_layer_at_the_de
     blocks = {s.recompute_num_layers for s in candidates if s.recompute_method == "block"}
     assert blocks == {1, 2, 4, 8}
     assert len(candidates) <= len(list(default[smallest.name].build().candidates))
+
+
+def test_every_file_named_with_landscape_is_run_whatever_it_is_called(tmp_path: Path):
+    """Landscape names come from a file's stem: day2/results.csv was dropped unsaid beside day1/results.csv,
+    and an edited copy of a shipped table ran the shipped one instead."""
+    from optico.bench.landscapes import PACKAGED_REPLAY
+
+    text = PACKAGED_REPLAY.read_text()
+    lines = text.splitlines()
+    for day in ("day1", "day2"):
+        (tmp_path / day).mkdir()
+        (tmp_path / day / "results.csv").write_text(text if day == "day1" else "\n".join(lines[:-3]) + "\n")
+    (tmp_path / "mine").mkdir()
+    edited = tmp_path / "mine" / PACKAGED_REPLAY.name
+    edited.write_text("\n".join(lines[:-2]) + "\n")
+    defs = select_landscapes("real", files=[tmp_path / "day1" / "results.csv", tmp_path / "day2" / "results.csv",
+                                            edited])
+    paths = {Path(d.path) for d in defs}
+    assert {tmp_path / "day1" / "results.csv", tmp_path / "day2" / "results.csv", edited} <= paths
+    assert PACKAGED_REPLAY not in paths  # the copy the user named replaces the shipped table of that name
+    assert len({d.name for d in defs}) == len(defs)
+
+
+def test_a_bench_whose_every_landscape_is_refused_exits_2_and_writes_nothing(tmp_path: Path):
+    """A named table the calibration saw (a copy of the shipped one) was refused when built, and the bench
+    then exited 0 with an empty table and a JSON without groups."""
+    from optico.bench.landscapes import PACKAGED_REPLAY
+
+    copy = tmp_path / "my_table.csv"
+    copy.write_text(PACKAGED_REPLAY.read_text())
+    out = tmp_path / "out.json"
+    done = subprocess.run(optico_cmd("bench", "--landscape", str(copy), "--only", "replay:my_table", "--quick",
+                                     "--tuners", "optico", "--json", str(out)),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "every landscape selected was refused" in done.stderr and "calibration" in done.stdout
+    assert not out.exists()
+
+
+def test_a_named_files_workloads_that_are_no_landscape_are_said(tmp_path: Path, capsys):
+    """docs: `--landscape` replays every workload of the file; one with too few configurations was left out
+    unsaid (in no warning and no skipped list)."""
+    from optico.bench.landscapes import PACKAGED_REPLAY
+
+    lines = PACKAGED_REPLAY.read_text().splitlines()
+    header = lines[0].split(",")
+    small = [line.replace(",512,", ",1024,", 1) for line in lines[1:3]]  # the same table at another GBS, 2 rows
+    assert all(",1024," in line for line in small) and "gbs" in header
+    table = tmp_path / "mine.csv"
+    table.write_text("\n".join([*lines, *small]) + "\n")
+    defs = select_landscapes("real", files=[table], only=["replay:mine"], strict=True)
+    assert len(defs) == 1
+    assert "a workload left out" in capsys.readouterr().err
