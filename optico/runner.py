@@ -98,6 +98,11 @@ def search_pool(spec: JobSpec, launcher: Launcher) -> tuple[list[Strategy], list
     if candidates is None:
         return candidate_pool(spec.search_space, spec.workload), None
     inside = [s for s in candidates if spec.search_space.contains(s)]
+    if len(inside) < len(candidates):  # a table's runs the space cannot express are never tried: say so
+        logging.getLogger("optico.runner").warning(
+            "%d of the %d configurations the launcher measured for this workload lie outside the search space "
+            "and will not be tried (widen search_space to include them)", len(candidates) - len(inside),
+            len(candidates))
     return inside, inside
 
 
