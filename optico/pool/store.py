@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from functools import cached_property
@@ -43,6 +44,7 @@ from optico.pool.schedules import ScheduleSql
 from optico.pool.tokens import TokenSql
 from optico.spec import JobSpec
 from optico.strategy import Strategy
+from optico.textsafe import terminal_text
 from optico.trial import Failure, FailureCategory, Metrics, Trial, TrialStatus
 
 __all__ = ["IdempotencyConflict", "SqlStore", "Store", "StoreError", "open_store"]
@@ -139,6 +141,20 @@ def _job(row: JobRow) -> JobRecord:
         stop_reason=row.stop_reason, best_trial_id=row.best_trial_id, best_mfu=row.best_mfu, max_trials=row.max_trials,
         gpu_hours=row.gpu_hours, takeovers=row.takeovers,
     )
+
+
+def _readable_jobs(rows: Iterable[JobRow]) -> list[JobRecord]:
+    """The rows as records, leaving out (with a warning naming it) a row that cannot be one: one job
+    written by hand took down every listing, `optico jobs list`, the API's and the dashboard's."""
+    out = []
+    for row in rows:
+        try:
+            out.append(_job(row))
+        except Exception as exc:  # noqa: BLE001 - any reason: the row is left out and named
+            logging.getLogger("optico.pool").warning(  # the reason may quote the row: escaped for a terminal
+                "job %s cannot be read (%s); left out of the list", row.id,
+                terminal_text(redact.redact(first_line(exc)), one_line=True, max_chars=300))
+    return out
 
 
 def _unreadable(row: JobRow) -> str | None:
@@ -341,7 +357,7 @@ class SqlStore(ScheduleSql, TokenSql, Store):
         if before_id is not None:
             query = query.where(JobRow.id < before_id)
         with self._session(read=True) as s:
-            return [_job(r) for r in s.scalars(query)]
+            return _readable_jobs(s.scalars(query))
 
     def search_jobs(self, *, status: JobStatus | None = None, workload_key: str | None = None,
                     name: str | None = None, sort: str = "id", descending: bool = True, offset: int = 0,
@@ -361,7 +377,7 @@ class SqlStore(ScheduleSql, TokenSql, Store):
                  .offset(max(0, int(offset))).limit(max(0, int(limit))))
         with self._session(read=True) as s:
             total = s.execute(select(func.count()).select_from(JobRow).where(*where)).scalar_one()
-            return [_job(r) for r in s.scalars(query)], int(total)
+            return _readable_jobs(s.scalars(query)), int(total)
 
     def job_stats(self, job_ids: list[int]) -> dict[int, JobStats]:
         if not job_ids:

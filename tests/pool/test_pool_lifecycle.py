@@ -551,3 +551,15 @@ def test_an_event_row_that_is_no_event_is_read_as_unreadable_in_its_place(store:
     assert "sk-ABCDEFGHIJKLMNOPQRSTUV123456" not in odd.model_dump_json()
     with pytest.raises(ValueError, match="never stored"):
         store.add_event(job_id, odd, worker="w1")
+
+
+def test_a_job_row_that_cannot_be_read_is_left_out_of_the_lists_not_fatal_to_them(store: SqlStore, caplog) -> None:
+    """One job row written by hand (a status no job has) took down `optico jobs list`, the API's list and the
+    dashboard's: every listing converts every row."""
+    broken, fine = put_in(store, S.QUEUED), put_in(store, S.QUEUED)
+    with store.engine.begin() as conn:
+        conn.execute(update(JobRow).where(JobRow.id == broken).values(status="pwned<script>"))
+    assert [j.id for j in store.list_jobs(limit=10) if j.id in (broken, fine)] == [fine]
+    found, total = store.search_jobs(limit=10)
+    assert fine in [j.id for j in found] and broken not in [j.id for j in found]
+    assert f"job {broken} cannot be read" in caplog.text
