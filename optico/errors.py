@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 # Room for a dotted path and a reason quoting a value; a 50 MB value must not become a 50 MB
 # message (the REST API returns it, the CLI prints it).
 MAX_FIELD_CHARS = 200
@@ -39,3 +41,10 @@ def loc_fields(loc: tuple | list) -> list[str]:
     """A pydantic error location as the fields it names: without the validator and union-member
     tags pydantic puts in it ("function-after[...]", "constrained-int", "list[literal[0,1]]")."""
     return [str(p) for p in loc if not str(p).startswith(("function-", "constrained-")) and "[" not in str(p)]
+
+
+def settings_variable(exc: BaseException, prefix: str, default: str) -> str:
+    """The environment variable a settings source could not decode: pydantic-settings names its field
+    (`error parsing value for field "x"`), a RecursionError (JSON nested too deep) nothing, then `default`."""
+    found = None if isinstance(exc, RecursionError) else re.search(r'field "(\w+)"', str(exc))
+    return f"{prefix}{found.group(1).upper()}" if found else default

@@ -28,6 +28,7 @@ from optico.agents.fallback import WithFallback, pool_notifier
 from optico.agents.generation import RulesGeneration
 from optico.candidates import candidate_pool
 from optico.checkpoint import open_checkpointer, thread_config
+from optico.errors import first_line
 from optico.events import JobFinished, TrialLost
 from optico.guard import Guard
 from optico.launchers.base import Launcher
@@ -38,11 +39,12 @@ from optico.perfmodel.online import JobModel
 from optico.pool.contract import Store, StoreError
 from optico.pool.lifecycle import JobStatus, LeaseLost, LifecycleError
 from optico.pool.records import JobRecord
-from optico.errors import first_line
 from optico.redact import clip, redact
 from optico.spec import JobSpec
 from optico.strategy import Strategy
 from optico.trial import TrialStatus
+
+log = logging.getLogger("optico.runner")
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ def search_pool(spec: JobSpec, launcher: Launcher) -> tuple[list[Strategy], list
         return candidate_pool(spec.search_space, spec.workload), None
     inside = [s for s in candidates if spec.search_space.contains(s)]
     if len(inside) < len(candidates):  # a table's runs the space cannot express are never tried: say so
-        logging.getLogger("optico.runner").warning(
+        log.warning(
             "%d of the %d configurations the launcher measured for this workload lie outside the search space "
             "and will not be tried (widen search_space to include them)", len(candidates) - len(inside),
             len(candidates))
@@ -119,7 +121,7 @@ def build_context(spec: JobSpec, store: Store, job_id: int, *, worker: str, laun
     except StoreError:
         raise  # the database is down: the job is interrupted, not run blind
     except Exception as exc:  # noqa: BLE001 - a row another job left unreadable: this job runs without the warm start
-        logging.getLogger("optico.runner").warning(
+        log.warning(
             "job %d: the pool's earlier trials of this workload cannot be read (%s); starting without them",
             job_id, redact(first_line(exc))[:300])
         prior = []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import re
 import signal
 import socket
 import threading
@@ -14,7 +13,7 @@ from typing import Optional
 import typer
 
 from optico.cli.common import DatabaseOption, console, err, fail, open_store, whole_number
-from optico.errors import SpecError
+from optico.errors import SpecError, settings_variable
 
 # uvicorn's levels (trace is its own, below debug).
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -74,10 +73,9 @@ def _settings(database: str | None):
     except (SettingsError, RecursionError) as exc:
         # A list setting is read as JSON before it is validated: a bare path fails there, and so does
         # a list nested past the parser's depth (a RecursionError traceback).
-        field = re.search(r'field "(\w+)"', str(exc)) if isinstance(exc, SettingsError) else None
-        # file_roots is the one setting read as JSON
-        fail(f"OPTICO_{field.group(1).upper() if field else 'FILE_ROOTS'}: not valid JSON, or nested past what "
-             f"is read; a list is written as JSON, e.g. '[\"/data/optico\"]'")
+        name = settings_variable(exc, "OPTICO_", "OPTICO_FILE_ROOTS")  # the one setting read as JSON
+        fail(f"{name}: not valid JSON, or nested past what is read; a list is written as JSON, "
+             f"e.g. '[\"/data/optico\"]'")
     return base.model_copy(update={"database_url": database}) if database else base
 
 

@@ -104,19 +104,26 @@ def _owner_gone(owner: str, namespace: str) -> bool:
     return _start_time(int(pid)) != start
 
 
-def _orphan_of(pid: int, namespace: str) -> bytes | None:
-    """The owner entry of process `pid` if it is a run's process of this user whose owner is gone."""
+def _orphaned(pid: int, env: list[bytes], namespace: str) -> bool:
+    """Whether process `pid`, with environment `env`, is a run's process of this user whose owner is gone."""
     try:
         if os.stat(f"/proc/{pid}").st_uid != os.getuid():  # another user's run is not ours to judge
-            return None
+            return False
+    except OSError:
+        return False
+    prefix = f"{OWNER_ENV}=".encode()
+    entry = next((e for e in env if e.startswith(prefix)), None)
+    return entry is not None and _owner_gone(entry[len(prefix):].decode(errors="replace"), namespace)
+
+
+def _still_orphaned(pid: int, namespace: str) -> bool:
+    """`_orphaned`, its environment read again now (the process may be another one by this time)."""
+    try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             env = fh.read().split(b"\0")
     except OSError:
-        return None
-    prefix = f"{OWNER_ENV}=".encode()
-    entry = next((e for e in env if e.startswith(prefix)), None)
-    gone = entry is not None and _owner_gone(entry[len(prefix):].decode(errors="replace"), namespace)
-    return entry if gone else None
+        return False
+    return _orphaned(pid, env, namespace)
 
 
 def _kill_if_still_orphan(pid: int, namespace: str) -> bool:
@@ -125,12 +132,12 @@ def _kill_if_still_orphan(pid: int, namespace: str) -> bool:
     try:
         fd = os.pidfd_open(pid)
     except (OSError, AttributeError):  # gone; or no pidfd (Linux < 5.3): check, then kill by pid
-        if _orphan_of(pid, namespace) is None:
+        if not _still_orphaned(pid, namespace):
             return False
         _signal([pid], signal.SIGKILL)
         return True
     try:
-        if _orphan_of(pid, namespace) is None:
+        if not _still_orphaned(pid, namespace):
             return False
         signal.pidfd_send_signal(fd, signal.SIGKILL)
         return True
@@ -147,7 +154,7 @@ def reap_orphaned_runs() -> list[int]:
     namespace = _pid_namespace()
     if namespace is None:
         return []
-    candidates = [pid for pid, _ in _marked_processes() if _orphan_of(pid, namespace) is not None]
+    candidates = [pid for pid, env in _marked_processes() if _orphaned(pid, env, namespace)]
     return [pid for pid in candidates if _kill_if_still_orphan(pid, namespace)]
 
 

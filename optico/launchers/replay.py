@@ -10,7 +10,6 @@ restricted to them.
 from __future__ import annotations
 
 import hashlib
-
 from pathlib import Path
 from typing import Any
 

@@ -8,7 +8,6 @@ the API version differ. See docs/llm.md for one block per endpoint kind.
 from __future__ import annotations
 
 import math
-import re
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -16,6 +15,7 @@ import httpx
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from optico.errors import settings_variable
 from optico.host_addresses import is_link_local, literal_addresses
 from optico.redact import redact
 
@@ -212,8 +212,7 @@ def load_settings(**overrides: object) -> LLMSettings:
         raise ValueError(f"OPTICO_LLM_{where.upper()}: {msg}" if where else msg) from None
     except (SettingsError, RecursionError) as exc:
         # A JSON setting is decoded before it is validated: not JSON, or nested past the parser's depth.
-        field = re.search(r'field "(\w+)"', str(exc)) if isinstance(exc, SettingsError) else None
-        name = f"OPTICO_LLM_{field.group(1).upper()}" if field else "OPTICO_LLM_PRICES"
+        name = settings_variable(exc, "OPTICO_LLM_", "OPTICO_LLM_PRICES")
         example = " e.g. '{\"my-model\": [0.5, 1.5]}' (USD per million tokens)" if name.endswith("PRICES") else ""
         raise ValueError(f"{name}: not valid JSON, or nested or long past what is read;{example}") from None
     settings.require_model()

@@ -48,6 +48,7 @@ from optico.textsafe import terminal_text
 from optico.trial import Failure, FailureCategory, Metrics, Trial, TrialStatus
 
 __all__ = ["IdempotencyConflict", "SqlStore", "Store", "StoreError", "open_store"]
+log = logging.getLogger("optico.pool")
 
 FINISHED_TRIAL_STATUSES = (TrialStatus.OK.value, TrialStatus.FAILED.value)
 
@@ -143,28 +144,26 @@ def _job(row: JobRow) -> JobRecord:
     )
 
 
+def _job_or_why(row: JobRow) -> JobRecord | str:
+    """The row as a record, or why it cannot be one (a row written by hand, or by a buggy version)."""
+    try:
+        return _job(row)
+    except Exception as exc:  # noqa: BLE001 - any reason: the row is refused, never run or shown
+        return first_line(exc)[:300]
+
+
 def _readable_jobs(rows: Iterable[JobRow]) -> list[JobRecord]:
     """The rows as records, leaving out (with a warning naming it) a row that cannot be one: one job
     written by hand took down every listing, `optico jobs list`, the API's and the dashboard's."""
     out = []
     for row in rows:
-        try:
-            out.append(_job(row))
-        except Exception as exc:  # noqa: BLE001 - any reason: the row is left out and named
-            logging.getLogger("optico.pool").warning(  # the reason may quote the row: escaped for a terminal
-                "job %s cannot be read (%s); left out of the list", row.id,
-                terminal_text(redact.redact(first_line(exc)), one_line=True, max_chars=300))
+        job = _job_or_why(row)
+        if isinstance(job, JobRecord):
+            out.append(job)
+        else:  # the reason may quote the row: masked, and escaped for a terminal
+            log.warning("job %s cannot be read (%s); left out of the list", row.id,
+                        terminal_text(redact.redact(job), one_line=True, max_chars=300))
     return out
-
-
-def _unreadable(row: JobRow) -> str | None:
-    """Why a job row cannot be made a JobRecord (a row written by hand, or by a buggy older version);
-    None when it can."""
-    try:
-        _job(row)
-    except Exception as exc:  # noqa: BLE001 - any reason: the row is refused, not run
-        return first_line(exc)[:300]
-    return None
 
 
 def _message(row: MessageRow) -> AgentMessage:
@@ -484,8 +483,8 @@ class SqlStore(ScheduleSql, TokenSql, Store):
                     row = s.scalars(query).first()
                     if row is None:
                         return None
-                    unreadable = _unreadable(row)
-                    if unreadable is None:
+                    unreadable = _job_or_why(row)
+                    if isinstance(unreadable, JobRecord):
                         break
                     # Claimed, it raised out of every worker's loop on every poll (and the job stayed queued).
                     row.status, row.finished_at = JobStatus.FAILED.value, self._stamp(now)

@@ -127,14 +127,12 @@ def create_app(settings: ServiceSettings | None = None, *, workers: int | None =
         # limit, an integer of thousands of digits) with a bare 400 "error parsing the body": said
         # here as the 422 every other bad body gets, with the reason.
         problem = _body_problem(exc.__cause__) if exc.status_code == status.HTTP_400_BAD_REQUEST else None
-        if exc.status_code == status.HTTP_413_CONTENT_TOO_LARGE:  # a chunked body counted past the limit
-            refused = await _unauthenticated_api_call(request)  # anonymous: the 401 comes first, as for all
-            if refused is not None:
-                return refused
-        if problem is not None:
+        # An undecodable body, or a chunked one counted past the limit: anonymous, the 401 comes first.
+        if problem is not None or exc.status_code == status.HTTP_413_CONTENT_TOO_LARGE:
             refused = await _unauthenticated_api_call(request)
             if refused is not None:
                 return refused
+        if problem is not None:
             return JSONResponse({"detail": [{"loc": ["body"], "msg": problem, "type": "json_invalid"}]},
                                 status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
         # Details quote what was refused ("unknown GPU '...'", a schedule's cron): redacted like every text.
